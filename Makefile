@@ -1,0 +1,19 @@
+# The CPU build of torch is pinned here (and only here): an unpinned torch pulls a CUDA build
+# with gigabytes of NVIDIA libraries. The package itself accepts any recent torch.
+PYTHON ?= python3
+TORCH_CPU ?= torch==2.13.0
+
+.PHONY: install test demo bench
+
+install:
+	$(PYTHON) -m pip install -q $(TORCH_CPU)
+	$(PYTHON) -m pip install -q -e ".[dev]"
+
+test:
+	$(PYTHON) -m pytest -q -n 2 tests
+
+demo:
+	$(PYTHON) -m rotarium train
+
+bench:
+	$(PYTHON) benchmarks/ops.py

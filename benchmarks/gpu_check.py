@@ -1,0 +1,95 @@
+"""On a CUDA machine: every op's fla path against the PyTorch path (outputs, final states, gradients) and timings.
+
+Usage: ``python benchmarks/gpu_check.py [--T 4096] [--repeats 5]``. Exits non-zero when a comparison fails.
+CI never runs this (it needs a GPU).
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, os.path.dirname(__file__))
+from common import time_call, verdict  # noqa: E402
+
+import rotarium.ops as ops  # noqa: E402
+
+
+def inputs(B: int, T: int, H: int, K: int, V: int, dtype: torch.dtype) -> dict[str, torch.Tensor]:
+    dev = "cuda"
+    return {
+        "q": torch.randn(B, T, H, K, device=dev, dtype=dtype),
+        "k": F.normalize(torch.randn(B, T, H, K, device=dev), dim=-1).to(dtype),
+        "v": torch.randn(B, T, H, V, device=dev, dtype=dtype),
+        "g_channel": (F.logsigmoid(torch.randn(B, T, H, K, device=dev) + 3) / 16),
+        "g_head": F.logsigmoid(torch.randn(B, T, H, device=dev) + 3),
+        "beta": torch.rand(B, T, H, device=dev).to(dtype),
+        "h0": torch.randn(B, H, K, V, device=dev) * 0.1,
+    }
+
+
+CASES = {
+    "chunk_gla": (lambda x, be: ops.chunk_gla(x["q"], x["k"], x["v"], x["g_channel"], initial_state=x["h0"],
+                                              output_final_state=True, backend=be), ("q", "k", "v", "g_channel", "h0")),
+    "chunk_delta_rule": (lambda x, be: ops.chunk_delta_rule(x["q"], x["k"], x["v"], x["beta"], initial_state=x["h0"],
+                                                            output_final_state=True, backend=be),
+                         ("q", "k", "v", "beta", "h0")),
+    "chunk_gated_delta_rule": (lambda x, be: ops.chunk_gated_delta_rule(
+        x["q"], x["k"], x["v"], x["g_head"], x["beta"], initial_state=x["h0"], output_final_state=True, backend=be),
+        ("q", "k", "v", "g_head", "beta", "h0")),
+    "parallel_forgetting_attn": (lambda x, be: ops.parallel_forgetting_attn(x["q"], x["k"], x["v"], x["g_head"],
+                                                                            backend=be), ("q", "k", "v", "g_head")),
+    "parallel_attn (g=None)": (lambda x, be: ops.parallel_forgetting_attn(x["q"], x["k"], x["v"], backend=be),
+                               ("q", "k", "v")),
+}
+
+
+def run_case(fn, x: dict[str, torch.Tensor], grad_names: tuple[str, ...], backend: str):
+    leaves = {n: t.detach().clone().requires_grad_(n in grad_names) for n, t in x.items()}
+    out = fn(leaves, backend)
+    o, state = out if isinstance(out, tuple) else (out, None)
+    loss = o.float().square().mean() + (state.square().mean() if state is not None else 0)
+    loss.backward()
+    return o.float(), state, {n: leaves[n].grad.float() for n in grad_names}
+
+
+def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
+    return ((a - b).norm() / b.norm().clamp_min(1e-12)).item()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--T", type=int, default=4096)
+    parser.add_argument("--repeats", type=int, default=5)
+    args = parser.parse_args()
+    assert torch.cuda.is_available() and ops.fla_available(), "needs a CUDA GPU with fla and triton"
+    print(f"{torch.cuda.get_device_name()} torch {torch.__version__}")
+    ok = True
+    for dtype in (torch.bfloat16, torch.float32):
+        x = inputs(2, 1000, 4, 64, 64, dtype)  # T not a multiple of 64 on purpose
+        print(f"\n## fla vs torch path, dtype {dtype}, B=2 T=1000 H=4 K=V=64 (relative L2 errors)")
+        for name, (fn, grads) in CASES.items():
+            of, sf, gf = run_case(fn, x, grads, "fla")
+            ot, st, gt = run_case(fn, x, grads, "torch")
+            errs = {"o": rel_err(of, ot)} | ({"state": rel_err(sf, st)} if sf is not None else {})
+            errs |= {f"d{n}": rel_err(gf[n], gt[n]) for n in grads}
+            tol = 2e-2 if dtype == torch.bfloat16 else 2e-3
+            good = all(e < tol for e in errs.values())
+            ok &= good
+            print(f"{name}: " + ", ".join(f"{k} {v:.1e}" for k, v in errs.items()) + f"  {verdict(good)}")
+
+    print(f"\n## fwd+bwd ms, bf16, B=1 T={args.T} H=4 K=V=64")
+    x = inputs(1, args.T, 4, 64, 64, torch.bfloat16)
+    for name, (fn, grads) in CASES.items():
+        tf = time_call(lambda: run_case(fn, x, grads, "fla"), args.repeats)
+        tt = time_call(lambda: run_case(fn, x, grads, "torch"), args.repeats)
+        print(f"{name}: fla {tf * 1e3:.2f} ms | torch {tt * 1e3:.2f} ms | torch/fla {tt / tf:.1f}x")
+    print(f"\nall comparisons: {verdict(ok)}")
+    sys.exit(0 if ok else 1)
+
+
+if __name__ == "__main__":
+    main()

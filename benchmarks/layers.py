@@ -1,0 +1,61 @@
+"""Forward+backward time of every mixer with every positional option, as a ratio to the same mixer with NoPE.
+
+Targets: RoPE and RoVE within 1.10 of NoPE, Selective RoPE within 1.20. One small CPU shape by default:
+``python benchmarks/layers.py [--batch 4] [--seq-len 512] [--hidden 256] [--heads 4] [--repeats 5]``.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.dirname(__file__))
+from common import time_call, verdict  # noqa: E402
+
+from rotarium.layers import MIXERS, POSITION_ENCODINGS, PositionalSettings, SequenceInfo, build_mixer  # noqa: E402
+
+TARGETS = {"nope": 1.0, "rope": 1.10, "rove": 1.10, "selective_rope": 1.20}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--batch", type=int, default=4)
+    parser.add_argument("--seq-len", type=int, default=512)
+    parser.add_argument("--hidden", type=int, default=256)
+    parser.add_argument("--heads", type=int, default=4)
+    parser.add_argument("--repeats", type=int, default=5)
+    args = parser.parse_args()
+    torch.manual_seed(0)
+    x = torch.randn(args.batch, args.seq_len, args.hidden)
+    seq = SequenceInfo.build(x)
+    print(f"forward+backward, B={args.batch} T={args.seq_len} d={args.hidden} H={args.heads}, float32, "
+          f"{torch.get_num_threads()} threads; ratio to the same mixer with NoPE")
+    print("| mixer | " + " | ".join(POSITION_ENCODINGS) + " |")
+    print("|---|" + "---|" * len(POSITION_ENCODINGS))
+    ok = True
+    for family in MIXERS:
+        times = {}
+        for pe in POSITION_ENCODINGS:
+            mixer = build_mixer(family, hidden_size=args.hidden, num_heads=args.heads,
+                                positional=PositionalSettings(position_encoding=pe))
+
+            def step():
+                out, _ = mixer(x, seq)
+                out.sum().backward()
+                mixer.zero_grad(set_to_none=True)
+
+            times[pe] = time_call(step, args.repeats)
+        cells = []
+        for pe in POSITION_ENCODINGS:
+            ratio = times[pe] / times["nope"]
+            good = ratio <= TARGETS[pe]
+            ok &= good
+            cells.append(f"{times[pe] * 1e3:.1f} ms" if pe == "nope" else f"{ratio:.3f} {verdict(good)}")
+        print(f"| {family} | " + " | ".join(cells) + " |")
+    print(f"\ntargets (RoPE/RoVE <= 1.10, Selective RoPE <= 1.20): {verdict(ok)}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,112 @@
+"""Model-level speed on CPU, every number from one run.
+
+1. Training throughput (forward+backward tokens/s) of each family at one small shape, and of transformers'
+   ``LlamaForCausalLM`` with the same width, depth and heads beside our Transformer (target: ours >= 0.9x Llama).
+2. Per-token decoding latency of each family after a context of 256 and of 4096 tokens (targets: the linear
+   families within 1.3x of each other at each context; the Transformer's latency grows with the context).
+
+``python benchmarks/models.py [--hidden 256] [--layers 4] [--heads 4] [--seq-len 512] [--batch 4]``
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+
+import torch
+
+sys.path.insert(0, os.path.dirname(__file__))
+from common import time_call, verdict  # noqa: E402
+
+from rotarium.models import CONFIGS, FAMILY_MODELS  # noqa: E402
+
+VOCAB = 32000
+
+
+def build(family: str, args, **overrides):
+    config = CONFIGS[family](vocab_size=VOCAB, hidden_size=args.hidden, num_hidden_layers=args.layers,
+                             num_heads=args.heads, **overrides)
+    torch.manual_seed(0)
+    return FAMILY_MODELS[family][2](config)
+
+
+def llama(args, intermediate_size: int):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(vocab_size=VOCAB, hidden_size=args.hidden, num_hidden_layers=args.layers,
+                         num_attention_heads=args.heads, intermediate_size=intermediate_size,
+                         attn_implementation="sdpa")
+    return LlamaForCausalLM(config)
+
+
+def training_tokens_per_second(model, args) -> float:
+    model.train()
+    ids = torch.randint(0, VOCAB, (args.batch, args.seq_len))
+
+    def step():
+        model(input_ids=ids, labels=ids).loss.backward()
+        model.zero_grad(set_to_none=True)
+
+    return args.batch * args.seq_len / time_call(step, args.repeats)
+
+
+@torch.no_grad()
+def decode_latency(model, context: int, steps: int) -> float:
+    model.eval()
+    ids = torch.randint(0, VOCAB, (1, context))
+    out = model(input_ids=ids, use_cache=True)
+    cache = out.cache if hasattr(out, "cache") else out.past_key_values
+    token = out.logits[:, -1:].argmax(-1)
+    for _ in range(3):  # warm-up steps, not timed
+        out = model(input_ids=token, past_key_values=cache, use_cache=True)
+    start = time.perf_counter()
+    for _ in range(steps):
+        out = model(input_ids=token, past_key_values=cache, use_cache=True)
+        token = out.logits[:, -1:].argmax(-1)
+    return (time.perf_counter() - start) / steps
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--hidden", type=int, default=256)
+    parser.add_argument("--layers", type=int, default=4)
+    parser.add_argument("--heads", type=int, default=4)
+    parser.add_argument("--seq-len", type=int, default=512)
+    parser.add_argument("--batch", type=int, default=4)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--decode-steps", type=int, default=32)
+    args = parser.parse_args()
+    print(f"d={args.hidden} layers={args.layers} heads={args.heads} B={args.batch} T={args.seq_len}, float32, "
+          f"{torch.get_num_threads()} threads")
+
+    print("\n## training throughput (forward+backward)")
+    throughput = {}
+    for family in CONFIGS:
+        throughput[family] = training_tokens_per_second(build(family, args), args)
+    ours = build("transformer", args, position_encoding="rope")
+    throughput["llama (transformers)"] = training_tokens_per_second(llama(args, ours.config.intermediate_size), args)
+    for name, tps in throughput.items():
+        print(f"| {name} | {tps:,.0f} tokens/s |")
+    ratio = throughput["transformer"] / throughput["llama (transformers)"]
+    print(f"rotarium Transformer / Llama: {ratio:.2f} (target >= 0.90) {verdict(ratio >= 0.9)}")
+
+    print("\n## per-token decoding latency (batch 1, after a prefill of the context)")
+    latency = {family: {} for family in CONFIGS}
+    for family in CONFIGS:
+        model = build(family, args)
+        for context in (256, 4096):
+            latency[family][context] = decode_latency(model, context, args.decode_steps)
+        print(f"| {family} | ctx 256: {latency[family][256] * 1e3:.2f} ms | ctx 4096: "
+              f"{latency[family][4096] * 1e3:.2f} ms |")
+    linear = ("gla", "deltanet")  # FoX is softmax attention: its cache grows like the Transformer's
+    for context in (256, 4096):
+        values = [latency[f][context] for f in linear]
+        spread = max(values) / min(values)
+        print(f"linear families at ctx {context}: spread {spread:.2f}x (target <= 1.3) {verdict(spread <= 1.3)}")
+    growth = latency["transformer"][4096] / latency["transformer"][256]
+    print(f"Transformer latency 4096 / 256: {growth:.2f}x (grows: {verdict(growth > 1.05)})")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,125 @@
+"""Forward+backward speed of rotarium's PyTorch kernels, against peers measured in the same run.
+
+1. ``chunk_gated_delta_rule`` against transformers' own PyTorch reference
+   (``torch_chunk_gated_delta_rule`` of Qwen3-Next, undecorated) at B=1, T=4096, H=4, K=V=64.
+   Target: ours at most 0.5 of its time.
+2. Every op at T = 2048 ... 16384 beside PyTorch's causal SDPA. Targets for the linear ops:
+   time(16384) <= 4.5 * time(4096) (linear growth) and faster than SDPA from T = 8192 on.
+
+Usage: ``python benchmarks/ops.py [--lengths 2048 4096 8192 16384] [--repeats 3]``.
+Forces the PyTorch backend so the numbers mean the same on any machine.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, os.path.dirname(__file__))
+from common import time_call, verdict  # noqa: E402
+
+from rotarium.ops import chunk_delta_rule, chunk_gated_delta_rule, chunk_gla, parallel_forgetting_attn  # noqa: E402
+
+
+def make_inputs(B: int, T: int, H: int, K: int, V: int) -> dict[str, torch.Tensor]:
+    return {
+        "q": torch.randn(B, T, H, K),
+        "k": F.normalize(torch.randn(B, T, H, K), dim=-1),
+        "v": torch.randn(B, T, H, V),
+        "g_head": F.logsigmoid(torch.randn(B, T, H) + 3),
+        "g_channel": F.logsigmoid(torch.randn(B, T, H, K) + 3) / 16,
+        "beta": torch.rand(B, T, H),
+    }
+
+
+def fwd_bwd(fn, *tensors: torch.Tensor):
+    leaves = [t.detach().requires_grad_() for t in tensors]
+
+    def run():
+        out = fn(*leaves)
+        out = out[0] if isinstance(out, tuple) else out
+        out.sum().backward()
+        for t in leaves:
+            t.grad = None
+
+    return run
+
+
+OPS = {
+    "chunk_gla": lambda x: fwd_bwd(lambda q, k, v, g: chunk_gla(q, k, v, g, backend="torch"),
+                                   x["q"], x["k"], x["v"], x["g_channel"]),
+    "chunk_delta_rule": lambda x: fwd_bwd(lambda q, k, v, b: chunk_delta_rule(q, k, v, b, backend="torch"),
+                                          x["q"], x["k"], x["v"], x["beta"]),
+    "chunk_gated_delta_rule": lambda x: fwd_bwd(
+        lambda q, k, v, g, b: chunk_gated_delta_rule(q, k, v, g, b, backend="torch"),
+        x["q"], x["k"], x["v"], x["g_head"], x["beta"]),
+    "parallel_forgetting_attn": lambda x: fwd_bwd(
+        lambda q, k, v, g: parallel_forgetting_attn(q, k, v, g, backend="torch"), x["q"], x["k"], x["v"], x["g_head"]),
+    "sdpa (causal)": lambda x: fwd_bwd(
+        lambda q, k, v: F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+                                                       is_causal=True), x["q"], x["k"], x["v"]),
+}
+LINEAR_OPS = ("chunk_gla", "chunk_delta_rule", "chunk_gated_delta_rule")
+
+
+def against_transformers(repeats: int) -> bool:
+    from transformers.models.qwen3_next import modeling_qwen3_next
+
+    # The decorated function dispatches to fla's Triton kernel when fla is installed; the peer is the PyTorch body.
+    reference = getattr(modeling_qwen3_next.torch_chunk_gated_delta_rule, "__wrapped__",
+                        modeling_qwen3_next.torch_chunk_gated_delta_rule)
+    x = make_inputs(1, 4096, 4, 64, 64)
+    ours = time_call(OPS["chunk_gated_delta_rule"](x), repeats)
+    theirs = time_call(fwd_bwd(lambda q, k, v, g, b: reference(q, k, v, g, b), x["q"], x["k"], x["v"],
+                               x["g_head"], x["beta"]), repeats)
+    ratio = ours / theirs
+    print("## chunk_gated_delta_rule vs transformers' torch_chunk_gated_delta_rule (B=1 T=4096 H=4 K=V=64, fwd+bwd)")
+    print(f"rotarium {ours:.3f} s | transformers {theirs:.3f} s | ratio {ratio:.2f} (target <= 0.50) {verdict(ratio <= 0.5)}")
+    return ratio <= 0.5
+
+
+def scaling(lengths: list[int], repeats: int) -> bool:
+    times: dict[str, dict[int, float]] = {name: {} for name in OPS}
+    for T in lengths:
+        x = make_inputs(1, T, 4, 64, 64)
+        for name, make in OPS.items():
+            times[name][T] = time_call(make(x), repeats if T <= 4096 else 1)
+    print("\n## forward+backward seconds, B=1 H=4 K=V=64 float32 (PyTorch backend)")
+    print("| op | " + " | ".join(f"T={T}" for T in lengths) + " | t(16384)/t(4096) |")
+    print("|---|" + "---|" * (len(lengths) + 1))
+    ok = True
+    for name in OPS:
+        row = times[name]
+        growth = row[16384] / row[4096] if 16384 in row and 4096 in row else float("nan")
+        print(f"| {name} | " + " | ".join(f"{row[T]:.3f}" for T in lengths) + f" | {growth:.2f} |")
+    print()
+    for name in LINEAR_OPS:
+        row = times[name]
+        if 16384 in row and 4096 in row:
+            growth = row[16384] / row[4096]
+            ok &= growth <= 4.5
+            print(f"{name}: growth 4096->16384 {growth:.2f}x (target <= 4.5) {verdict(growth <= 4.5)}")
+        for T in (T for T in lengths if T >= 8192):
+            ratio = row[T] / times["sdpa (causal)"][T]
+            ok &= ratio < 1
+            print(f"{name}: T={T} time / SDPA {ratio:.2f} (target < 1) {verdict(ratio < 1)}")
+    return ok
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--lengths", type=int, nargs="+", default=[2048, 4096, 8192, 16384])
+    parser.add_argument("--repeats", type=int, default=3)
+    args = parser.parse_args()
+    torch.manual_seed(0)
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads")
+    ok = against_transformers(args.repeats)
+    ok &= scaling(args.lengths, args.repeats)
+    print(f"\nall targets: {verdict(ok)}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,5 @@
+import sys
+
+from rotarium.cli import main
+
+sys.exit(main())

@@ -1,0 +1,45 @@
+"""The ``rotarium`` command line: one sub-command per job, each defined beside the code it runs.
+
+A module that adds commands exposes ``add_commands(subparsers)``, registering parsers whose defaults hold
+``func`` (called with the parsed arguments). Modules are listed here and imported only when present, so the CLI
+works while a job is still being written.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+COMMAND_MODULES = (
+    "rotarium.training.cli",   # train
+    "rotarium.evaluation.cli",  # eval, generate
+    "rotarium.hub.cli",         # export, push
+    "rotarium.synthetic.cli",   # synthetic
+)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="rotarium", description=__doc__.splitlines()[0])
+    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name in COMMAND_MODULES:
+        try:
+            module = importlib.import_module(name)
+        except ModuleNotFoundError as error:
+            if error.name is not None and name.startswith(error.name):
+                continue  # that job is not part of this installation yet
+            raise
+        module.add_commands(subparsers)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if getattr(args, "func", None) is None:
+        parser.print_help()
+        return 2
+    return int(args.func(args) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,28 @@
+"""Prints the presets' parameter counts (models built on the meta device): ``python -m rotarium.configs.param_table``."""
+from __future__ import annotations
+
+import torch
+
+from rotarium.configs.presets import PRESETS, preset_config
+
+
+def parameter_count(name: str, **overrides) -> int:
+    from rotarium.models import FAMILY_MODELS
+
+    config = preset_config(name, **overrides)
+    with torch.device("meta"):
+        model = FAMILY_MODELS[config.family][2](config)
+    return sum(p.numel() for p in model.parameters())
+
+
+def markdown_table() -> str:
+    encodings = ("nope", "rope", "rove", "selective_rope")
+    rows = ["| preset | " + " | ".join(encodings) + " |", "|---|" + "---|" * len(encodings)]
+    for name in PRESETS:
+        counts = [parameter_count(name, position_encoding=pe) for pe in encodings]
+        rows.append(f"| {name} | " + " | ".join(f"{c / 1e6:,.1f}M" for c in counts) + " |")
+    return "\n".join(rows)
+
+
+if __name__ == "__main__":
+    print(markdown_table())

@@ -1,0 +1,193 @@
+"""The linear-attention mixers: GLA and DeltaNet, on one shared skeleton.
+
+Both project q, k, v (optionally through SiLU short convolutions), hand them to the positional layer, run a
+recurrent kernel from :mod:`rotarium.ops`, rotate the outputs back (RoVE), normalise each head, optionally gate
+and project out. A family adds only its gates and its kernel call.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from rotarium.layers.conv import ShortConvolution
+from rotarium.layers.norm import RMSNorm
+from rotarium.layers.positional import Encoded, HeadDims, PositionalSettings, build_positional
+from rotarium.layers.sequence import SequenceInfo
+from rotarium.ops import (
+    chunk_delta_rule,
+    chunk_gated_delta_rule,
+    chunk_gla,
+    fused_recurrent_delta_rule,
+    fused_recurrent_gated_delta_rule,
+    fused_recurrent_gla,
+)
+
+# Continuing from a state with at most this many new tokens uses the step-wise decoding kernels.
+DECODE_MAX_TOKENS = 64
+
+
+def head_size(name: str, width: int, expand: float, num_heads: int) -> int:
+    total = width * expand
+    if total != int(total) or int(total) % num_heads:
+        raise ValueError(
+            f"`{name}` * hidden_size = {expand} * {width} = {total} must be an integer divisible by "
+            f"`num_heads` ({num_heads})")
+    return int(total) // num_heads
+
+
+class LinearAttentionMixer(nn.Module):
+    """Skeleton shared by GLA and DeltaNet. Subclasses implement ``prepare_qk`` and ``mix``."""
+
+    output_gate: bool
+
+    def __init__(self, hidden_size: int, num_heads: int, expand_k: float, expand_v: float, use_short_conv: bool,
+                 conv_size: int, output_gate: bool, mixer_has_decay: bool, positional: PositionalSettings,
+                 norm_eps: float = 1e-6):
+        super().__init__()
+        if num_heads < 1 or hidden_size % num_heads:
+            raise ValueError(f"`num_heads` ({num_heads}) must divide `hidden_size` ({hidden_size})")
+        self.hidden_size, self.num_heads = hidden_size, num_heads
+        self.head_k_dim = head_size("expand_k", hidden_size, expand_k, num_heads)
+        self.head_v_dim = head_size("expand_v", hidden_size, expand_v, num_heads)
+        key_dim, value_dim = self.head_k_dim * num_heads, self.head_v_dim * num_heads
+        self.q_proj = nn.Linear(hidden_size, key_dim, bias=False)
+        self.k_proj = nn.Linear(hidden_size, key_dim, bias=False)
+        self.v_proj = nn.Linear(hidden_size, value_dim, bias=False)
+        self.use_short_conv = use_short_conv
+        if use_short_conv:
+            self.q_conv = ShortConvolution(key_dim, conv_size, "silu")
+            self.k_conv = ShortConvolution(key_dim, conv_size, "silu")
+            self.v_conv = ShortConvolution(value_dim, conv_size, "silu")
+        self.positional = build_positional(positional, HeadDims(
+            hidden_size, num_heads, num_heads, self.head_k_dim, self.head_v_dim, mixer_has_decay))
+        self.o_norm = RMSNorm(self.head_v_dim, eps=norm_eps)
+        self.output_gate = output_gate
+        if output_gate:
+            self.g_proj = nn.Linear(hidden_size, value_dim, bias=False)
+        self.o_proj = nn.Linear(value_dim, hidden_size, bias=False)
+
+    def prepare_qk(self, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return q, k
+
+    def mix(self, enc: Encoded, x: torch.Tensor, seq: SequenceInfo, recurrent: torch.Tensor | None,
+            use_cache: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Runs the kernel on the encoded q, k, v: returns ``(o [B, T, H, V], final state or None)``."""
+        raise NotImplementedError
+
+    def forward(self, hidden_states: torch.Tensor, seq: SequenceInfo, state: dict | None = None,
+                use_cache: bool = False) -> tuple[torch.Tensor, dict | None]:
+        """hidden_states ``[B, T, d]`` -> ``([B, T, d], the layer's new cache state when use_cache)``."""
+        x = hidden_states
+        B, T, _ = x.shape
+        state = state or {}
+        if seq.cu_seqlens is not None and state:
+            raise ValueError("packed inputs (`cu_seqlens`) cannot continue from a cache; run them without one")
+        q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
+        new_state: dict = {}
+        if self.use_short_conv:
+            q, new_state["conv_q"] = self.q_conv(q, seq, state.get("conv_q"))
+            k, new_state["conv_k"] = self.k_conv(k, seq, state.get("conv_k"))
+            v, new_state["conv_v"] = self.v_conv(v, seq, state.get("conv_v"))
+        q = q.view(B, T, self.num_heads, self.head_k_dim)
+        k = seq.zero_padding(k.view(B, T, self.num_heads, self.head_k_dim))
+        v = seq.zero_padding(v.view(B, T, self.num_heads, self.head_v_dim))
+        q, k = self.prepare_qk(q, k)
+        enc = self.positional(q, k, v, x, seq, state.get("positional"))
+        o, new_state["recurrent"] = self.mix(enc, x, seq, state.get("recurrent"), use_cache)
+        o = self.o_norm(enc.restore(o))
+        if self.output_gate:
+            o = o * F.silu(self.g_proj(x)).view(B, T, self.num_heads, self.head_v_dim)
+        out = self.o_proj(o.reshape(B, T, -1))
+        new_state["positional"] = enc.state
+        return out, (new_state if use_cache else None)
+
+    @staticmethod
+    def decoding(recurrent: torch.Tensor | None, seq_len: int) -> bool:
+        return recurrent is not None and seq_len <= DECODE_MAX_TOKENS
+
+
+class GatedLinearAttention(LinearAttentionMixer):
+    """GLA (Yang et al., 2024): a low-rank per-key-channel gate ``g = logsigmoid(W2 W1 x + b) / 16``."""
+
+    def __init__(self, hidden_size: int, num_heads: int, positional: PositionalSettings, expand_k: float = 0.5,
+                 expand_v: float = 1.0, use_short_conv: bool = True, conv_size: int = 4,
+                 gate_low_rank_dim: int = 16, gate_logit_normalizer: float = 16.0, norm_eps: float = 1e-6):
+        super().__init__(hidden_size, num_heads, expand_k, expand_v, use_short_conv, conv_size, output_gate=True,
+                         mixer_has_decay=True, positional=positional, norm_eps=norm_eps)
+        self.gate_logit_normalizer = gate_logit_normalizer
+        # A rotated feature pair (i, i + R/2) is one complex channel: it must decay as one, or the decay would not
+        # commute with the rotation and RoPE would stop depending on relative positions only. The transition is then
+        # the complex diagonal lambda * exp(i omega) of SPEC.md 3.4. So the gate has one output per pair.
+        self.tied_pairs = self.positional.rotary_dim // 2
+        self.gk_proj = nn.Sequential(nn.Linear(hidden_size, gate_low_rank_dim, bias=False),
+                                     nn.Linear(gate_low_rank_dim, (self.head_k_dim - self.tied_pairs) * num_heads,
+                                               bias=True))
+
+    def mix(self, enc, x, seq, recurrent, use_cache):
+        B, T, _ = x.shape
+        g = F.logsigmoid(self.gk_proj(x).float()) / self.gate_logit_normalizer
+        g = g.view(B, T, self.num_heads, self.head_k_dim - self.tied_pairs)
+        if self.tied_pairs:
+            g = torch.cat([g[..., :self.tied_pairs], g], dim=-1)
+        g = seq.zero_padding(g)
+        if self.decoding(recurrent, T):
+            return fused_recurrent_gla(enc.q, enc.k, enc.v, gk=g, initial_state=recurrent,
+                                       output_final_state=use_cache)
+        return chunk_gla(enc.q, enc.k, enc.v, g, initial_state=recurrent, output_final_state=use_cache,
+                         cu_seqlens=seq.cu_seqlens)
+
+
+class DeltaNet(LinearAttentionMixer):
+    """DeltaNet (Yang et al., 2024) with L2-normalised q, k and ``beta = sigmoid(W_beta x)``; ``use_gated_delta``
+    switches to Gated DeltaNet's decay ``log a = -exp(A_log) * softplus(W_a x + dt_bias)``. Without a decay of its
+    own, Selective RoPE's decay turns it into the gated delta rule as well."""
+
+    def __init__(self, hidden_size: int, num_heads: int, positional: PositionalSettings, expand_k: float = 1.0,
+                 expand_v: float = 1.0, use_short_conv: bool = True, conv_size: int = 4,
+                 use_gated_delta: bool = False, use_output_gate: bool = False, norm_eps: float = 1e-6):
+        super().__init__(hidden_size, num_heads, expand_k, expand_v, use_short_conv, conv_size,
+                         output_gate=use_output_gate, mixer_has_decay=use_gated_delta, positional=positional,
+                         norm_eps=norm_eps)
+        self.use_gated_delta = use_gated_delta
+        self.b_proj = nn.Linear(hidden_size, num_heads, bias=False)
+        if use_gated_delta:
+            self.a_proj = nn.Linear(hidden_size, num_heads, bias=False)
+            self.A_log = nn.Parameter(torch.empty(num_heads))
+            self.dt_bias = nn.Parameter(torch.empty(num_heads))
+            self.reset_decay()
+
+    def special_init(self) -> dict[str, torch.Tensor]:
+        """Mamba-2 / Gated DeltaNet initialisation: A ~ U(1, 16), dt ~ logU(1e-3, 1e-1) through softplus^-1."""
+        if not self.use_gated_delta:
+            return {}
+        dt = torch.exp(torch.empty(self.num_heads).uniform_(math.log(1e-3), math.log(1e-1))).clamp_min(1e-4)
+        return {"A_log": torch.empty(self.num_heads).uniform_(1, 16).log(), "dt_bias": dt + torch.log(-torch.expm1(-dt))}
+
+    def reset_decay(self) -> None:
+        with torch.no_grad():
+            for name, value in self.special_init().items():
+                getattr(self, name).copy_(value)
+
+    def prepare_qk(self, q, k):
+        return F.normalize(q, dim=-1), F.normalize(k, dim=-1)
+
+    def mix(self, enc, x, seq, recurrent, use_cache):
+        T = x.shape[1]
+        beta = seq.zero_padding(torch.sigmoid(self.b_proj(x).float()))
+        if self.use_gated_delta:
+            g = -self.A_log.float().exp() * F.softplus(self.a_proj(x).float() + self.dt_bias.float())
+            g = seq.zero_padding(g)
+        else:
+            g = enc.log_decay
+        decoding = self.decoding(recurrent, T)
+        if g is None:
+            kernel = fused_recurrent_delta_rule if decoding else chunk_delta_rule
+            args = (enc.q, enc.k, enc.v, beta)
+        else:
+            kernel = fused_recurrent_gated_delta_rule if decoding else chunk_gated_delta_rule
+            args = (enc.q, enc.k, enc.v, g, beta)
+        extra = {} if decoding else {"cu_seqlens": seq.cu_seqlens}
+        return kernel(*args, initial_state=recurrent, output_final_state=use_cache, **extra)

@@ -1,0 +1,363 @@
+"""The positional layer: NoPE, RoPE, RoVE and Selective RoPE behind one interface.
+
+Every mixer calls it the same way, after its q/k/v projections (and short convolutions and q/k normalisation) and
+before its kernel::
+
+    enc = self.positional(q, k, v, x, seq, state)
+    o = kernel(enc.q, enc.k, enc.v, decay ...)       # enc.log_decay: a per-head decay, Selective RoPE on decay-less mixers
+    o = enc.restore(o)                                # RoVE rotates outputs back; identity otherwise
+
+Every option is a rotation applied outside the kernel, so the same kernels serve all of them. Rotations act on
+feature pairs ``(i, i + R/2)`` of the first ``R`` features of a head (the rotate-half / GPT-NeoX pairing).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, fields
+from typing import ClassVar
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from rotarium.layers.conv import ACTIVATIONS, ShortConvolution
+from rotarium.layers.sequence import SequenceInfo
+
+POSITION_ENCODINGS = ("nope", "rope", "rove", "selective_rope")
+SPECTRA = ("rope", "rfa")
+
+
+@dataclass
+class PositionalSettings:
+    """The options of every positional encoding, named as in the model configs."""
+
+    position_encoding: str = "nope"
+    rope_theta: float = 10000.0
+    partial_rotary_factor: float = 1.0
+    # Selective RoPE (SPEC.md 3.4)
+    selective_rope_rank: int | None = 32  # None: a per-head weight-normalised full-rank angle projection
+    selective_rope_conv_size: int = 4
+    selective_rope_activation: str | None = "silu"
+    selective_rope_bias: bool = False  # omega += exp(b)
+    selective_rope_phase_gate: bool = False  # omega *= sigmoid(W_p xh + c), one gate per head
+    selective_rope_temperature_base: float = 500000.0
+    selective_rope_tau_max: float = 1.0
+    selective_rope_spectrum: str = "rope"  # "rope": tau_max * base^(-2i/K); "rfa": frozen random Gaussian
+    selective_rope_learn_temperature: bool = False
+    selective_rope_decay: bool | None = None  # None: on exactly when the mixer has no decay of its own
+
+    @classmethod
+    def from_dict(cls, values: dict) -> PositionalSettings:
+        names = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in values.items() if k in names})
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    def validate(self) -> None:
+        if self.position_encoding not in POSITION_ENCODINGS:
+            raise ValueError(f"`position_encoding` must be one of {POSITION_ENCODINGS}, got {self.position_encoding!r}")
+        if not 0 < self.partial_rotary_factor <= 1:
+            raise ValueError(f"`partial_rotary_factor` must be in (0, 1], got {self.partial_rotary_factor}")
+        if self.rope_theta <= 1:
+            raise ValueError(f"`rope_theta` must be > 1, got {self.rope_theta}")
+        if self.selective_rope_rank is not None and (
+                not isinstance(self.selective_rope_rank, int) or self.selective_rope_rank < 1):
+            raise ValueError(
+                f"`selective_rope_rank` must be a positive int or None (full rank), got {self.selective_rope_rank!r}")
+        if self.selective_rope_activation not in ACTIVATIONS:
+            raise ValueError(
+                f"`selective_rope_activation` must be one of {ACTIVATIONS}, got {self.selective_rope_activation!r}")
+        if self.selective_rope_spectrum not in SPECTRA:
+            raise ValueError(f"`selective_rope_spectrum` must be one of {SPECTRA}, got {self.selective_rope_spectrum!r}")
+        if self.selective_rope_conv_size < 1:
+            raise ValueError(f"`selective_rope_conv_size` must be >= 1, got {self.selective_rope_conv_size}")
+        if self.selective_rope_temperature_base <= 1 or self.selective_rope_tau_max <= 0:
+            raise ValueError("`selective_rope_temperature_base` must be > 1 and `selective_rope_tau_max` > 0")
+
+
+@dataclass
+class HeadDims:
+    """The mixer's shapes the positional layer needs."""
+
+    hidden_size: int
+    num_heads: int  # query heads
+    num_kv_heads: int
+    head_k_dim: int
+    head_v_dim: int
+    mixer_has_decay: bool
+
+
+@dataclass
+class Encoded:
+    """What the positional layer hands back to the mixer."""
+
+    q: torch.Tensor
+    k: torch.Tensor
+    v: torch.Tensor
+    log_decay: torch.Tensor | None  # [B, T, H] float32, only where the layer adds a decay
+    state: dict
+    value_rotation: tuple[torch.Tensor, torch.Tensor] | None = None  # RoVE: (cos, sin) of the values' angles
+
+    def restore(self, o: torch.Tensor) -> torch.Tensor:
+        """Rotates each output back by its query's angle (RoVE); identity for the other options."""
+        if self.value_rotation is None:
+            return o
+        cos, sin = self.value_rotation
+        return apply_rotary(o, cos, -sin)
+
+
+def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotates pairs ``(i, i + R/2)`` of the first ``R = 2 * cos.shape[-1]`` features.
+
+    x: ``[B, T, H, D]``; cos, sin: ``[B, T, H or 1, R/2]`` float32. Computed in at least float32 (bf16 inputs would
+    lose the angle's precision), returned in x's dtype; features past ``R`` pass through untouched.
+    """
+    half = cos.shape[-1]
+    xf = x.to(torch.promote_types(x.dtype, torch.float32))
+    x1, x2 = xf[..., :half], xf[..., half:2 * half]
+    return torch.cat([(x1 * cos - x2 * sin).to(x.dtype), (x1 * sin + x2 * cos).to(x.dtype), x[..., 2 * half:]], -1)
+
+
+def rope_frequencies(dim: int, base: float) -> torch.Tensor:
+    """``base^(-2i/dim)`` for i in [0, dim/2)."""
+    return base ** (-torch.arange(0, dim, 2, dtype=torch.float64) / dim)
+
+
+class PositionalEncoding(nn.Module):
+    """Base of the family. Subclasses set ``kind`` and implement ``forward``."""
+
+    kind: ClassVar[str]
+    registry: ClassVar[dict[str, type[PositionalEncoding]]] = {}
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        PositionalEncoding.registry[cls.kind] = cls
+
+    def __init__(self, settings: PositionalSettings, dims: HeadDims):
+        super().__init__()
+        self.settings, self.dims = settings, dims
+        if dims.num_heads % dims.num_kv_heads:
+            raise ValueError(f"`num_heads` ({dims.num_heads}) must be a multiple of `num_kv_heads` ({dims.num_kv_heads})")
+
+    @property
+    def adds_decay(self) -> bool:
+        return False
+
+    @property
+    def rotary_dim(self) -> int:
+        """How many leading key features the layer rotates, in pairs ``(i, i + rotary_dim / 2)``."""
+        return 0
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, x: torch.Tensor, seq: SequenceInfo,
+                state: dict | None) -> Encoded:
+        """q ``[B, T, H, K]``, k ``[B, T, H_kv, K]``, v ``[B, T, H_kv, V]``, x the layer input ``[B, T, d]``."""
+        raise NotImplementedError
+
+
+def build_positional(settings: PositionalSettings, dims: HeadDims) -> PositionalEncoding:
+    settings.validate()
+    return PositionalEncoding.registry[settings.position_encoding](settings, dims)
+
+
+class NoPE(PositionalEncoding):
+    kind = "nope"
+
+    def forward(self, q, k, v, x, seq, state):
+        return Encoded(q, k, v, None, {})
+
+
+class RoPE(PositionalEncoding):
+    """Rotary embeddings on q and k from each token's true position."""
+
+    kind = "rope"
+
+    def __init__(self, settings: PositionalSettings, dims: HeadDims):
+        super().__init__(settings, dims)
+        rotary_dim = int(dims.head_k_dim * settings.partial_rotary_factor)
+        if rotary_dim < 2 or rotary_dim % 2:
+            raise ValueError(
+                f"the rotary dimension int(head_k_dim * partial_rotary_factor) = int({dims.head_k_dim} * "
+                f"{settings.partial_rotary_factor}) = {rotary_dim} must be even and >= 2; choose a head size or "
+                "`partial_rotary_factor` that makes it even"
+            )
+        self._rotary_dim = rotary_dim
+
+    @property
+    def rotary_dim(self) -> int:
+        return self._rotary_dim
+
+    def positions(self, seq: SequenceInfo, state: dict | None) -> tuple[torch.Tensor, dict]:
+        """Each token's position ``[B, T, 1, 1]`` float32, and the state holding the next position of each row."""
+        offset = state.get("offset") if state else None
+        positions = seq.token_positions(offset)
+        new_state = {"offset": seq.next_offset(offset, positions)}
+        return positions.float()[:, :, None, None], new_state
+
+    def frequencies(self, dim: int, device: torch.device) -> torch.Tensor:
+        # Computed per call rather than kept in a buffer: K/2 numbers cost nothing, and a buffer would need
+        # re-initialising whenever transformers materialises the model from the meta device.
+        return rope_frequencies(dim, self.settings.rope_theta).float().to(device)
+
+    def forward(self, q, k, v, x, seq, state):
+        positions, new_state = self.positions(seq, state)
+        angles = positions * self.frequencies(self._rotary_dim, q.device)
+        cos, sin = angles.cos(), angles.sin()
+        return Encoded(apply_rotary(q, cos, sin), apply_rotary(k, cos, sin), v, None, new_state)
+
+
+class RoVE(RoPE):
+    """RoPE on q and k, plus Rotary Value Embeddings: ``y_i = R_i^-1 sum_j A_ij R_j v_j = sum_j A_ij R_{j-i} v_j``."""
+
+    kind = "rove"
+
+    def __init__(self, settings: PositionalSettings, dims: HeadDims):
+        super().__init__(settings, dims)
+        if dims.head_v_dim % 2:
+            raise ValueError(f"RoVE rotates value pairs: the value head size must be even, got {dims.head_v_dim}")
+
+    def forward(self, q, k, v, x, seq, state):
+        positions, new_state = self.positions(seq, state)
+        qk_angles = positions * self.frequencies(self._rotary_dim, q.device)
+        v_angles = positions * self.frequencies(self.dims.head_v_dim, q.device)
+        cos, sin = qk_angles.cos(), qk_angles.sin()
+        v_cos, v_sin = v_angles.cos(), v_angles.sin()
+        return Encoded(apply_rotary(q, cos, sin), apply_rotary(k, cos, sin), apply_rotary(v, v_cos, v_sin), None,
+                       new_state, value_rotation=(v_cos, v_sin))
+
+
+def segment_cumsum(x: torch.Tensor, seq: SequenceInfo) -> torch.Tensor:
+    """Cumulative sum over time (dim 1) that restarts at every packed document boundary."""
+    if seq.cu_seqlens is None:
+        return x.cumsum(1)
+    # float64 so that subtracting the running total at a document start loses nothing over long packed batches
+    total = x.double().cumsum(1)
+    starts = seq.cu_seqlens[:-1].long()
+    before_start = torch.where(starts > 0, starts - 1, 0)
+    offsets = torch.where((starts > 0).view(-1, *([1] * (x.ndim - 2))), total[0, before_start],
+                          torch.zeros_like(total[0, before_start]))
+    lengths = seq.cu_seqlens[1:].long() - starts
+    per_token = torch.repeat_interleave(offsets, lengths, dim=0, output_size=x.shape[1])
+    return (total - per_token.unsqueeze(0)).to(x.dtype)
+
+
+class SelectiveRoPE(PositionalEncoding):
+    """Input-dependent rotation angles accumulated over time (SPEC.md 3.4).
+
+    The transition of the recurrence becomes ``lambda_t exp(i omega_t)``: rotating q and k by the cumulative angle
+    reproduces it in the real domain, since ``R(theta_t)^T R(theta_s) = R(theta_s - theta_t)``. Angles are computed
+    per key/value head (query heads of a group share their key's angle, as they must for the identity to hold).
+    """
+
+    kind = "selective_rope"
+
+    def __init__(self, settings: PositionalSettings, dims: HeadDims):
+        super().__init__(settings, dims)
+        if dims.head_k_dim % 2:
+            raise ValueError(f"Selective RoPE rotates key pairs: the key head size must be even, got {dims.head_k_dim}")
+        if dims.hidden_size % dims.num_kv_heads:
+            raise ValueError(
+                f"Selective RoPE splits the input into one chunk per key head: `hidden_size` ({dims.hidden_size}) "
+                f"must be divisible by the number of key heads ({dims.num_kv_heads})")
+        if settings.selective_rope_decay and dims.mixer_has_decay:
+            raise ValueError(
+                "`selective_rope_decay=True` adds a decay to mixers that have none (Transformer, plain DeltaNet); "
+                "this mixer brings its own decay: leave it None or False")
+        self.heads, self.pairs = dims.num_kv_heads, dims.head_k_dim // 2
+        self.group = dims.num_heads // dims.num_kv_heads
+        self.chunk = dims.hidden_size // self.heads
+        rank, channels = settings.selective_rope_rank, self.heads * self.pairs
+        if rank is not None:
+            self.phi_down = nn.Linear(dims.hidden_size, rank, bias=False)
+            self.phi_up = nn.Linear(rank, channels, bias=False)
+        else:
+            # weight normalisation by hand: a direction per output row and its gain
+            self.phi_direction = nn.Parameter(torch.empty(self.heads, self.pairs, self.chunk))
+            self.phi_gain = nn.Parameter(torch.ones(self.heads, self.pairs))
+            nn.init.normal_(self.phi_direction)
+        self.conv = ShortConvolution(channels, settings.selective_rope_conv_size, settings.selective_rope_activation)
+        if settings.selective_rope_bias:
+            self.omega_bias = nn.Parameter(torch.zeros(channels))
+        if settings.selective_rope_phase_gate:
+            self.phase_proj = nn.Linear(dims.hidden_size, self.heads, bias=True)
+        tau = self._temperature(settings, dims.head_k_dim)
+        if settings.selective_rope_learn_temperature:
+            self.tau = nn.Parameter(tau)
+        else:
+            self.register_buffer("tau", tau)  # persistent: the "rfa" draw must travel with the checkpoint
+        self._adds_decay = (settings.selective_rope_decay if settings.selective_rope_decay is not None
+                            else not dims.mixer_has_decay)
+        if self._adds_decay:
+            self.decay_proj = nn.Linear(dims.hidden_size, dims.num_heads, bias=True)
+            self.reset_decay()
+
+    @staticmethod
+    def _temperature(settings: PositionalSettings, head_k_dim: int) -> torch.Tensor:
+        if settings.selective_rope_spectrum == "rope":
+            spectrum = rope_frequencies(head_k_dim, settings.selective_rope_temperature_base)
+        else:  # random Fourier features: a fixed draw, so every process and every reload agree
+            generator = torch.Generator().manual_seed(0)
+            spectrum = torch.randn(head_k_dim // 2, generator=generator, dtype=torch.float64).abs().sort(
+                descending=True).values
+        return (settings.selective_rope_tau_max * spectrum).float()
+
+    def special_init(self) -> dict[str, torch.Tensor]:
+        """Initial values that differ from the generic initialisation of their module type (see the models)."""
+        values = {"tau": self._temperature(self.settings, self.dims.head_k_dim)}
+        if self._adds_decay:
+            # per-head half-lives spread geometrically over 8..4096 tokens
+            half_lives = torch.logspace(math.log10(8), math.log10(4096), self.dims.num_heads, dtype=torch.float64)
+            keep = torch.exp(-math.log(2) / half_lives)
+            values["decay_proj.bias"] = torch.log(keep / (1 - keep)).float()
+        if self.settings.selective_rope_rank is None:
+            values["phi_gain"] = torch.ones(self.heads, self.pairs)
+        if self.settings.selective_rope_bias:
+            values["omega_bias"] = torch.zeros(self.heads * self.pairs)
+        return values
+
+    def reset_decay(self) -> None:
+        nn.init.normal_(self.decay_proj.weight, std=0.02)
+        with torch.no_grad():
+            self.decay_proj.bias.copy_(self.special_init()["decay_proj.bias"])
+
+    @property
+    def adds_decay(self) -> bool:
+        return self._adds_decay
+
+    @property
+    def rotary_dim(self) -> int:
+        return 2 * self.pairs
+
+    def angle_rates(self, x: torch.Tensor, seq: SequenceInfo, conv_state: torch.Tensor | None):
+        """``omega`` ``[B, T, H_kv, K/2]`` float32 (zero on padding) and the new convolution window."""
+        B, T, _ = x.shape
+        xh = F.normalize(x.view(B, T, self.heads, self.chunk).float(), dim=-1).to(x.dtype)
+        if self.settings.selective_rope_rank is not None:
+            phi = self.phi_up(self.phi_down(xh.reshape(B, T, -1)))
+        else:
+            weight = self.phi_gain[..., None] * F.normalize(self.phi_direction, dim=-1)
+            phi = torch.einsum("bthc,hpc->bthp", xh, weight.to(xh.dtype)).reshape(B, T, -1)
+        omega, conv_state = self.conv(phi, seq, conv_state)
+        omega = omega.float()
+        if self.settings.selective_rope_bias:
+            omega = omega + self.omega_bias.float().exp()
+        omega = omega.view(B, T, self.heads, self.pairs)
+        if self.settings.selective_rope_phase_gate:
+            omega = omega * torch.sigmoid(self.phase_proj(xh.reshape(B, T, -1)).float())[..., None]
+        return seq.zero_padding(omega), conv_state
+
+    def forward(self, q, k, v, x, seq, state):
+        state = state or {}
+        omega, conv_state = self.angle_rates(x, seq, state.get("conv"))
+        theta = segment_cumsum(omega, seq)
+        if state.get("theta") is not None:
+            theta = theta + state["theta"][:, None]
+        angles = theta * self.tau.float()
+        cos, sin = angles.cos(), angles.sin()
+        q_cos, q_sin = (cos, sin) if self.group == 1 else (cos.repeat_interleave(self.group, 2),
+                                                          sin.repeat_interleave(self.group, 2))
+        log_decay = None
+        if self._adds_decay:
+            log_decay = seq.zero_padding(F.logsigmoid(self.decay_proj(x).float()))
+        new_state = {"theta": theta[:, -1], "conv": conv_state}
+        return Encoded(apply_rotary(q, q_cos, q_sin), apply_rotary(k, cos, sin), v, log_decay, new_state)

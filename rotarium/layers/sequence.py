@@ -1,0 +1,103 @@
+"""Where the tokens of one forward call sit: padding, packing boundaries and positions.
+
+Built once per forward (by the model, or by hand in tests) and handed to every
+mixer, the positional layer and the short convolutions, so that they all agree
+on which tokens are real and where each document starts.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from rotarium.ops.utils import check_cu_seqlens
+
+
+@dataclass
+class SequenceInfo:
+    """``mask``: ``[B, T]`` bool, True for real tokens, None when every token is real.
+    ``cu_seqlens``: int64 ``[N+1]`` boundaries of documents packed into a batch of size 1, or None.
+    ``position_ids``: ``[B, T]`` explicit positions, or None to count them (see ``token_positions``).
+    """
+
+    batch_size: int
+    seq_len: int
+    mask: torch.Tensor | None = None
+    cu_seqlens: torch.Tensor | None = None
+    position_ids: torch.Tensor | None = None
+
+    @classmethod
+    def build(
+        cls,
+        hidden_states: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        position_ids: torch.Tensor | None = None,
+        cu_seqlens: torch.Tensor | None = None,
+    ) -> SequenceInfo:
+        """Validates and normalises the usual HF inputs for ``hidden_states`` of shape ``[B, T, d]``.
+
+        ``attention_mask`` may be ``[B, T]`` or HF's ``[B, past + T]``: only the current tokens' columns are kept
+        (the softmax mixers remember the mask of cached keys themselves).
+        """
+        B, T = hidden_states.shape[:2]
+        device = hidden_states.device
+        mask = None
+        if attention_mask is not None:
+            if attention_mask.ndim != 2 or attention_mask.shape[0] != B or attention_mask.shape[1] < T:
+                raise ValueError(
+                    f"`attention_mask` must have shape [batch, past + seq_len] = [{B}, >= {T}] (1 = token, 0 = padding), "
+                    f"got {tuple(attention_mask.shape)}"
+                )
+            mask = attention_mask[:, -T:].to(device=device, dtype=torch.bool)
+            if bool(mask.all()):
+                mask = None
+        if position_ids is not None:
+            if position_ids.ndim != 2 or position_ids.shape[1] != T or position_ids.shape[0] not in (1, B):
+                raise ValueError(f"`position_ids` must have shape [{B} or 1, {T}], got {tuple(position_ids.shape)}")
+            position_ids = position_ids.to(device).expand(B, T)
+        if cu_seqlens is not None:
+            check_cu_seqlens(cu_seqlens, B, T, device)
+            if mask is not None:
+                raise ValueError("pass either `cu_seqlens` (packed documents) or a padding `attention_mask`, not both")
+        return cls(B, T, mask, cu_seqlens, position_ids)
+
+    def document_offsets(self) -> torch.Tensor:
+        """``[1, T]``: each packed token's index inside its own document (requires ``cu_seqlens``)."""
+        assert self.cu_seqlens is not None
+        cu = self.cu_seqlens.long()
+        lengths = cu[1:] - cu[:-1]
+        starts = torch.repeat_interleave(cu[:-1], lengths, output_size=self.seq_len)
+        return (torch.arange(self.seq_len, device=cu.device) - starts).unsqueeze(0)
+
+    def token_positions(self, offset: torch.Tensor | None) -> torch.Tensor:
+        """``[B, T]`` long: the true position of every token.
+
+        Explicit ``position_ids`` win. Otherwise positions count real tokens only (so a left-padded prompt starts at
+        0 like the same prompt alone) from ``offset`` ``[B]``, the number of real tokens already seen (decoding),
+        and restart at every packed document boundary.
+        """
+        if self.position_ids is not None:
+            return self.position_ids.long()
+        if self.cu_seqlens is not None:
+            return self.document_offsets().expand(self.batch_size, -1)
+        device = offset.device if offset is not None else None
+        if self.mask is not None:
+            device = self.mask.device
+            positions = (self.mask.long().cumsum(1) - 1).clamp_min(0)
+        else:
+            positions = torch.arange(self.seq_len, device=device).unsqueeze(0).expand(self.batch_size, -1)
+        return positions if offset is None else positions + offset[:, None]
+
+    def next_offset(self, offset: torch.Tensor | None, positions: torch.Tensor) -> torch.Tensor:
+        """``[B]``: the position the next token of each row will take."""
+        if self.position_ids is not None:
+            return positions[:, -1] + 1
+        seen = self.mask.long().sum(1) if self.mask is not None else torch.full(
+            (self.batch_size,), self.seq_len, device=positions.device)
+        return seen if offset is None else offset + seen
+
+    def zero_padding(self, x: torch.Tensor) -> torch.Tensor:
+        """Zeroes padded tokens of ``[B, T, ...]`` so that they feed nothing into states or windows."""
+        if self.mask is None:
+            return x
+        return x * self.mask.view(*self.mask.shape, *([1] * (x.ndim - 2))).to(x.dtype)

@@ -1,0 +1,11 @@
+"""Softmax attention ops: FoX forgetting attention (plain causal attention with ``g=None``) and its KV-cache entry point."""
+from rotarium.ops.forgetting_attn.decoding import forgetting_attn_with_cache
+from rotarium.ops.forgetting_attn.naive import naive_forgetting_attn, naive_forgetting_attn_with_cache
+from rotarium.ops.forgetting_attn.parallel import parallel_forgetting_attn
+
+__all__ = [
+    "forgetting_attn_with_cache",
+    "naive_forgetting_attn",
+    "naive_forgetting_attn_with_cache",
+    "parallel_forgetting_attn",
+]

@@ -1,0 +1,208 @@
+"""Chunkwise GLA: fla's Triton kernel on CUDA, a chunked PyTorch implementation everywhere else.
+
+PyTorch path, per chunk of 64 tokens with the within-chunk cumulative log decay b: the states at the
+chunk starts come from a short loop over chunks (everything else batched), the inter-chunk output is
+``(q * exp(b)) @ S``, and the intra-chunk scores ``A_ts = sum_i q_ti k_si exp(b_ti - b_si)`` are built
+without ever exponentiating a large positive number (see :func:`_intra_chunk_scores`).
+"""
+from __future__ import annotations
+
+import functools
+
+import torch
+
+from rotarium.ops.backend import use_fla
+from rotarium.ops.utils import (
+    check_cu_seqlens,
+    check_dims,
+    check_initial_state,
+    check_log_decay,
+    check_same_device,
+    check_same_dtype,
+    check_tensor,
+    pad_time,
+    run_packed,
+)
+
+CHUNK = 64
+# Largest |exponent| of the single-matmul intra-chunk path. Its factors stay finite; scores above the
+# diagonal may reach e^(2 BOUND) |q||k| (even inf) and are masked out before anything reads them.
+BOUND = 40.0
+# Decays are never taken below e^-FLOOR: anything smaller is beneath float32 resolution next to the
+# terms it is added to, and subnormal floats would make every op on them many times slower.
+FLOOR = 40.0
+
+
+def check_gla_inputs(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, gates: dict[str, torch.Tensor | None],
+    initial_state: torch.Tensor | None, cu_seqlens: torch.Tensor | None,
+) -> None:
+    """Shared by chunk_gla and fused_recurrent_gla; ``gates`` maps an argument name to its log decay."""
+    check_tensor("q", q, 4, "[B, T, H, K]")
+    B, T, H, K = q.shape
+    check_tensor("k", k, 4, "[B, T, H, K]")
+    check_dims("k", k, (B, T, H, K), "[B, T, H, K]")
+    check_tensor("v", v, 4, "[B, T, H, V]")
+    check_dims("v", v, (B, T, H, None), "[B, T, H, V]")
+    V = v.shape[-1]
+    check_same_device("q", q, k=k, v=v, initial_state=initial_state, **gates)
+    check_same_dtype(q=q, k=k, v=v)
+    for name, g in gates.items():
+        if g is None:
+            continue
+        layout = "[B, T, H, V]" if name == "gv" else "[B, T, H, K]"
+        check_tensor(name, g, 4, layout)
+        check_dims(name, g, (B, T, H, V if name == "gv" else K), layout)
+    check_cu_seqlens(cu_seqlens, B, T, q.device)
+    N = B if cu_seqlens is None else cu_seqlens.numel() - 1
+    check_initial_state(initial_state, N, H, K, V, q.device)
+    for name, g in gates.items():
+        check_log_decay(name, g)
+
+
+def _to_chunks(x: torch.Tensor) -> torch.Tensor:
+    """``[B, T, H, D]`` -> float32 ``[B, H, n_chunks, CHUNK, D]``, zero-padded at the end."""
+    B, _, H, D = x.shape
+    x = pad_time(x.float(), CHUNK)
+    return x.transpose(1, 2).reshape(B, H, -1, CHUNK, D).contiguous()
+
+
+def _exp(x: torch.Tensor, floor: bool) -> torch.Tensor:
+    return x.clamp(min=-FLOOR).exp() if floor else x.exp()
+
+
+def _bisection_scores(q: torch.Tensor, k: torch.Tensor, b: torch.Tensor, floor: bool) -> torch.Tensor:
+    """Intra-chunk scores (see :func:`_intra_chunk_scores`) for any decay, however strong.
+
+    Bisection: at each level the chunk splits into blocks of 2h; the block's lower-left h x h quadrant
+    (queries in the second half, keys in the first) factors through the anchor r = last key of the first
+    half, ``exp(b_t - b_r) * exp(b_r - b_s)``, both exponents <= 0, so it is one matmul and cannot
+    overflow. The diagonal quadrants come from the level below; at the bottom the diagonal is
+    ``q_t . k_t``. Elementwise work is ``O(C K log C)`` per chunk, against ``O(C K S)`` for explicit
+    pairwise decays over diagonal blocks of size S.
+    """
+    *lead, C, K = q.shape
+    A = (q * k).sum(-1)[..., None, None]  # [..., C, 1, 1]: the blocks of size 1
+    h = 1
+    while h < C:
+        # unbind rather than slicing: its backward is one stack instead of a zero-filled copy per slice
+        k0, _ = k.view(*lead, C // (2 * h), 2, h, K).unbind(-3)
+        _, q1 = q.view(*lead, C // (2 * h), 2, h, K).unbind(-3)
+        b0, b1 = b.view(*lead, C // (2 * h), 2, h, K).unbind(-3)
+        # the scores do not depend on the anchor's value, so it needs no gradient
+        anchor = b0[..., -1:, :].detach()
+        cross = (q1 * _exp(b1 - anchor, floor)) @ (k0 * _exp(anchor - b0, floor)).transpose(-1, -2)
+        diag = A.view(*lead, C // (2 * h), 2, h, h)  # cross: [..., C/2h, h, h]
+        top = torch.cat([diag[..., 0, :, :], torch.zeros_like(cross)], dim=-1)
+        bottom = torch.cat([cross, diag[..., 1, :, :]], dim=-1)
+        A = torch.cat([top, bottom], dim=-2)  # [..., C/2h, 2h, 2h]
+        h *= 2
+    return A.view(*lead, C, C)
+
+
+def _intra_chunk_scores(q: torch.Tensor, k: torch.Tensor, b: torch.Tensor, floor: bool) -> torch.Tensor:
+    """``A_ts = sum_i q_ti k_si exp(b_ti - b_si)`` for ``s <= t``, 0 above the diagonal: ``[..., C, C]``.
+
+    q, k: ``[..., C, K]``; b: the within-chunk cumulative log decay ``[..., C, K]`` (non-increasing in t).
+
+    A chunk whose decay spans at most ``2 * BOUND`` nats in every channel (all of them, for usual gates)
+    takes one matmul: ``(q * exp(b - c)) (k * exp(c - b))^T`` with c the middle of the range, so every
+    exponent lies in ``[-BOUND, BOUND]``. The other chunks go through the bisection, which holds for any
+    decay.
+    """
+    *lead, C, _ = q.shape
+    first, last = b[..., :1, :].detach(), b[..., -1:, :].detach()
+    fast = (first - last).amax(dim=(-2, -1)) <= 2 * BOUND  # [...]
+    expo = b - (first + last) / 2  # A does not depend on the centre, so it needs no gradient
+    all_fast = bool(fast.all())
+    if not all_fast and not bool(fast.any()):
+        return _bisection_scores(q, k, b, floor)
+    if not all_fast:
+        expo = expo.clamp(-BOUND, BOUND)  # keeps the discarded scores of the other chunks finite
+    e = expo.exp()
+    A = ((q * e) @ (k / e).transpose(-1, -2)).masked_fill(_upper(C, q.device), 0.0)
+    if all_fast:
+        return A
+    slow = (~fast).flatten().nonzero().squeeze(1)
+    rows = [x.flatten(0, -3).index_select(0, slow) for x in (q, k, b)]
+    return A.flatten(0, -3).index_copy(0, slow, _bisection_scores(*rows, floor)).view(*lead, C, C)
+
+
+@functools.cache
+def _upper(size: int, device: torch.device) -> torch.Tensor:
+    return torch.ones(size, size, dtype=torch.bool, device=device).triu(1)
+
+
+def chunk_gla_torch(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, scale: float,
+    initial_state: torch.Tensor | None = None, output_final_state: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The chunked PyTorch kernel on an unpacked batch; returns ``o`` in float32 ``[B, T, H, V]``."""
+    B, T, H, K = q.shape
+    V = v.shape[-1]
+    q, k, v, g = map(_to_chunks, (q, k, v, g))
+    n = q.shape[2]
+    b = g.cumsum(-2)  # within-chunk cumulative log decay, <= 0 and decreasing
+    b_last = b[..., -1:, :]
+    floor = bool(b_last.min() < -FLOOR)  # b is monotone: no exponent below can be lower than b_last
+
+    # Inter-chunk: the state at each chunk start; everything but the decay-and-add runs batched.
+    kv = (k * _exp(b_last - b, floor)).transpose(-1, -2) @ v  # [B, H, n, K, V]
+    decay = _exp(b_last.transpose(-1, -2), floor)  # [B, H, n, K, 1]
+    state = q.new_zeros(B, H, K, V) if initial_state is None else initial_state.float()
+    starts = []
+    for decay_c, kv_c in zip(decay.unbind(2), kv.unbind(2)):  # unbind, not indexing: linear-cost backward
+        starts.append(state)
+        state = decay_c * state + kv_c
+    o = (q * _exp(b, floor)) @ torch.stack(starts, dim=2)
+    # the intra-chunk term, the sum and the scale in one call
+    o = torch.baddbmm(
+        o.view(-1, CHUNK, V), _intra_chunk_scores(q, k, b, floor).view(-1, CHUNK, CHUNK), v.view(-1, CHUNK, V),
+        beta=scale, alpha=scale,
+    )
+    o = o.view(B, H, n * CHUNK, V).transpose(1, 2)[:, :T]
+    return o, state if output_final_state else None
+
+
+def chunk_gla(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    scale: float | None = None,
+    initial_state: torch.Tensor | None = None,
+    output_final_state: bool = False,
+    cu_seqlens: torch.LongTensor | None = None,
+    *,
+    backend: str | None = None,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Gated linear attention, chunkwise: ``S_t = diag(exp(g_t)) S_{t-1} + k_t v_t^T``, ``o_t = scale * S_t^T q_t``.
+
+    Args:
+        q, k: ``[B, T, H, K]``. v: ``[B, T, H, V]``.
+        g: per-channel log decay ``[B, T, H, K]``, ``g <= 0``.
+        scale: defaults to ``K ** -0.5``.
+        initial_state: ``[N, H, K, V]``; N = B, or the number of sequences with ``cu_seqlens``.
+        output_final_state: also return the state after the last token.
+        cu_seqlens: int64 ``[N+1]`` cumulative lengths of sequences packed into a batch of size 1.
+        backend: ``"auto"`` / ``"torch"`` / ``"fla"`` (see rotarium.ops.backend).
+
+    Returns:
+        ``o [B, T, H, V]`` (dtype of v) and the final state ``[N, H, K, V]`` (float32) or None.
+    """
+    check_gla_inputs(q, k, v, {"g": g}, initial_state, cu_seqlens)
+    if scale is None:
+        scale = q.shape[-1] ** -0.5
+    if use_fla(backend, q):
+        from fla.ops.gla import chunk_gla as fla_chunk_gla
+
+        return fla_chunk_gla(
+            q=q, k=k, v=v, g=g, scale=scale,
+            initial_state=None if initial_state is None else initial_state.float(),
+            output_final_state=output_final_state, cu_seqlens=cu_seqlens,
+        )
+    o, final_state = run_packed(
+        chunk_gla_torch, cu_seqlens, {"q": q, "k": k, "v": v, "g": g},
+        scale=scale, initial_state=initial_state, output_final_state=output_final_state,
+    )
+    return o.to(v.dtype), final_state

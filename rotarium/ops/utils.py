@@ -1,0 +1,151 @@
+"""Input validation and packing helpers shared by every op.
+
+Validation happens here, at the op boundary, so that a wrong shape or a bad
+``cu_seqlens`` fails with a message naming the argument instead of an opaque
+broadcasting error deep inside a kernel.
+"""
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Sequence
+
+import torch
+
+# Value checks (positive log decays, cu_seqlens contents) read tensor values,
+# which costs a host-device synchronisation on CUDA. Shape checks are free.
+VALUE_CHECKS = os.environ.get("ROTARIUM_OPS_VALUE_CHECKS", "1") != "0"
+
+
+def check_tensor(name: str, x: torch.Tensor, ndim: int, layout: str) -> None:
+    if not isinstance(x, torch.Tensor):
+        raise ValueError(f"`{name}` must be a torch.Tensor of shape {layout}, got {type(x).__name__}")
+    if x.ndim != ndim:
+        raise ValueError(f"`{name}` must have shape {layout} ({ndim} dims), got shape {tuple(x.shape)}")
+    if not x.is_floating_point():
+        raise ValueError(f"`{name}` must be a floating-point tensor, got dtype {x.dtype}")
+
+
+def check_dims(name: str, x: torch.Tensor, expected: Sequence[int | None], layout: str) -> None:
+    """``expected`` holds the required size of each dim, None for free dims."""
+    for dim, (actual, want) in enumerate(zip(x.shape, expected)):
+        if want is not None and actual != want:
+            raise ValueError(
+                f"`{name}` must have shape {layout} = {tuple('*' if w is None else w for w in expected)}, "
+                f"got {tuple(x.shape)} (dim {dim} is {actual}, expected {want})"
+            )
+
+
+def check_same_device(ref_name: str, ref: torch.Tensor, **tensors: torch.Tensor | None) -> None:
+    for name, x in tensors.items():
+        if x is not None and x.device != ref.device:
+            raise ValueError(f"`{name}` is on {x.device} but `{ref_name}` is on {ref.device}; put them on one device")
+
+
+def check_same_dtype(**tensors: torch.Tensor) -> None:
+    items = list(tensors.items())
+    ref_name, ref = items[0]
+    for name, x in items[1:]:
+        if x.dtype != ref.dtype:
+            raise ValueError(f"`{name}` has dtype {x.dtype} but `{ref_name}` has {ref.dtype}; use one dtype for both")
+
+
+def check_log_decay(name: str, g: torch.Tensor | None) -> None:
+    if g is None or not VALUE_CHECKS:
+        return
+    if bool((g > 0).any()):
+        raise ValueError(
+            f"`{name}` is a log decay and must be <= 0 everywhere (e.g. logsigmoid of a gate), "
+            f"got a maximum of {g.max().item():.4g}"
+        )
+
+
+def check_cu_seqlens(cu_seqlens: torch.Tensor | None, batch_size: int, seq_len: int, device: torch.device) -> None:
+    if cu_seqlens is None:
+        return
+    if not isinstance(cu_seqlens, torch.Tensor) or cu_seqlens.ndim != 1 or cu_seqlens.is_floating_point():
+        raise ValueError("`cu_seqlens` must be a 1-D integer tensor [N+1] of cumulative sequence lengths")
+    if cu_seqlens.numel() < 2:
+        raise ValueError("`cu_seqlens` must hold at least two entries [0, T]")
+    if batch_size != 1:
+        raise ValueError(
+            f"with `cu_seqlens` the inputs must be packed into a batch of size 1, got batch size {batch_size}; "
+            "flatten the sequences along time first"
+        )
+    if cu_seqlens.device != device:
+        raise ValueError(f"`cu_seqlens` is on {cu_seqlens.device} but the inputs are on {device}")
+    if not VALUE_CHECKS:
+        return
+    values = cu_seqlens.tolist()
+    if values[0] != 0:
+        raise ValueError(f"`cu_seqlens` must start at 0, got {values[0]}")
+    if any(b < a for a, b in zip(values, values[1:])):
+        raise ValueError(f"`cu_seqlens` must be non-decreasing, got {values}")
+    if values[-1] != seq_len:
+        raise ValueError(f"`cu_seqlens` must end at the packed length T={seq_len}, got {values[-1]}")
+
+
+def check_initial_state(
+    initial_state: torch.Tensor | None, num_states: int, num_heads: int, key_dim: int, value_dim: int,
+    device: torch.device,
+) -> None:
+    if initial_state is None:
+        return
+    layout = "[N, H, K, V]"
+    check_tensor("initial_state", initial_state, 4, layout)
+    check_dims("initial_state", initial_state, (num_states, num_heads, key_dim, value_dim), layout)
+    check_same_device("q", torch.empty(0, device=device), initial_state=initial_state)
+
+
+class Packing:
+    """Turns a packed batch ``[1, T, ...]`` with ``cu_seqlens`` into a padded batch ``[N, T_max, ...]``.
+
+    Padding goes at the end of each sequence, with zeros. The PyTorch kernels
+    rely on that: a zero key with a zero log decay (and zero beta) leaves a
+    recurrent state unchanged, and causal attention never looks forward, so
+    padded positions change neither the outputs nor the final states.
+    """
+
+    def __init__(self, cu_seqlens: torch.Tensor):
+        lengths = (cu_seqlens[1:] - cu_seqlens[:-1]).tolist()
+        self.num_seqs = len(lengths)
+        self.max_len = max(max(lengths), 1)
+        device = cu_seqlens.device
+        offsets = torch.arange(self.max_len, device=device)
+        lens = torch.tensor(lengths, device=device)
+        self.valid = offsets[None, :] < lens[:, None]  # [N, T_max]
+        self.index = (cu_seqlens[:-1, None] + offsets[None, :])[self.valid]  # packed position of each valid slot
+
+    def pad(self, x: torch.Tensor | None) -> torch.Tensor | None:
+        """``[1, T, ...]`` -> ``[N, T_max, ...]``."""
+        if x is None:
+            return None
+        out = x.new_zeros(self.num_seqs, self.max_len, *x.shape[2:])
+        out[self.valid] = x[0, self.index]
+        return out
+
+    def unpad(self, x: torch.Tensor) -> torch.Tensor:
+        """``[N, T_max, ...]`` -> ``[1, T, ...]``."""
+        return x[self.valid].unsqueeze(0)
+
+
+def run_packed(
+    fn: Callable[..., tuple[torch.Tensor, torch.Tensor | None]],
+    cu_seqlens: torch.Tensor | None,
+    sequence_args: dict[str, torch.Tensor | None],
+    **other_args,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Calls ``fn(**sequence_args, **other_args)`` with each packed sequence as its own batch row."""
+    if cu_seqlens is None:
+        return fn(**sequence_args, **other_args)
+    packing = Packing(cu_seqlens)
+    padded = {name: packing.pad(x) for name, x in sequence_args.items()}
+    o, final_state = fn(**padded, **other_args)
+    return packing.unpad(o), final_state
+
+
+def pad_time(x: torch.Tensor, multiple: int) -> torch.Tensor:
+    """Zero-pads dim 1 (time) of ``[B, T, ...]`` up to a multiple of ``multiple``."""
+    pad = (-x.shape[1]) % multiple
+    if pad == 0:
+        return x
+    return torch.cat([x, x.new_zeros(x.shape[0], pad, *x.shape[2:])], dim=1)

@@ -1,0 +1,58 @@
+"""Short convolution, block pieces, sequence bookkeeping."""
+import torch
+import torch.nn.functional as F
+
+from rotarium.layers import Block, RMSNorm, SequenceInfo, ShortConvolution, SwiGLU, default_intermediate_size
+from tests.layers.helpers import HIDDEN, make_mixer
+
+
+def test_short_convolution_equals_causal_conv1d_and_continues_from_its_state():
+    conv = ShortConvolution(6, kernel_size=4, activation=None)
+    x = torch.randn(2, 11, 6)
+    expected = F.conv1d(F.pad(x.transpose(1, 2), (3, 0)), conv.weight, groups=6).transpose(1, 2)
+    full, _ = conv(x, SequenceInfo.build(x))
+    assert torch.allclose(full, expected, atol=1e-6)
+    first, state = conv(x[:, :5], SequenceInfo.build(x[:, :5]))
+    outs = [first]
+    for t in range(5, 11):
+        out, state = conv(x[:, t:t + 1], SequenceInfo.build(x[:, t:t + 1]), state)
+        outs.append(out)
+    assert torch.allclose(torch.cat(outs, 1), full, atol=1e-6)
+
+
+def test_short_convolution_keeps_documents_and_padding_apart():
+    conv = ShortConvolution(3, kernel_size=4)
+    a, b = torch.randn(1, 2, 3), torch.randn(1, 5, 3)
+    packed, _ = conv(torch.cat([a, b], 1), SequenceInfo.build(torch.cat([a, b], 1), cu_seqlens=torch.tensor([0, 2, 7])))
+    assert torch.allclose(packed, torch.cat([conv(a, SequenceInfo.build(a))[0], conv(b, SequenceInfo.build(b))[0]], 1))
+    padded = torch.cat([torch.randn(1, 3, 3), b], 1)
+    mask = torch.tensor([[0, 0, 0, 1, 1, 1, 1, 1]])
+    out, _ = conv(padded, SequenceInfo.build(padded, attention_mask=mask))
+    assert torch.allclose(out[:, 3:], conv(b, SequenceInfo.build(b))[0], atol=1e-6)
+
+
+def test_swiglu_width_and_rmsnorm():
+    assert default_intermediate_size(1024) == 2816 and default_intermediate_size(2048) == 5632
+    assert SwiGLU(64).up_proj.out_features == default_intermediate_size(64)
+    x = torch.randn(3, 8)
+    assert torch.allclose(RMSNorm(8)(x), x * torch.rsqrt(x.square().mean(-1, keepdim=True) + 1e-6), atol=1e-6)
+
+
+def test_block_is_pre_norm_residual():
+    mixer = make_mixer("gla", "rope")
+    block = Block(HIDDEN, mixer)
+    h = torch.randn(2, 9, HIDDEN)
+    seq = SequenceInfo.build(h)
+    out, state = block(h, seq, use_cache=True)
+    mid = h + mixer(block.mixer_norm(h), seq)[0]
+    assert torch.allclose(out, mid + block.mlp(block.mlp_norm(mid)), atol=1e-6)
+    assert state is not None and "recurrent" in state
+
+
+def test_positions_count_real_tokens_and_restart_per_document():
+    x = torch.zeros(2, 4, 1)
+    seq = SequenceInfo.build(x, attention_mask=torch.tensor([[1, 1, 1, 1], [0, 0, 1, 1]]))
+    assert seq.token_positions(None).tolist() == [[0, 1, 2, 3], [0, 0, 0, 1]]
+    assert seq.next_offset(None, seq.token_positions(None)).tolist() == [4, 2]
+    packed = SequenceInfo.build(torch.zeros(1, 5, 1), cu_seqlens=torch.tensor([0, 2, 5]))
+    assert packed.token_positions(None).tolist() == [[0, 1, 0, 1, 2]]

@@ -1,0 +1,194 @@
+"""The positional layer's defining properties, each against an independent formulation."""
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from rotarium.layers import HeadDims, PositionalSettings, SequenceInfo, build_mixer, build_positional
+from rotarium.layers.positional import apply_rotary
+from rotarium.ops import chunk_gla, parallel_forgetting_attn
+from tests.layers.helpers import FAMILIES, HIDDEN, make_mixer, run
+
+T = 24
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("pe", ["rope", "rove"])
+def test_shifting_positions_leaves_output_unchanged(family, pe):
+    mixer = make_mixer(family, pe)
+    x = torch.randn(2, T, HIDDEN)
+    positions = torch.arange(T).expand(2, T)
+    base, _ = run(mixer, x, position_ids=positions)
+    shifted, _ = run(mixer, x, position_ids=positions + 1234)
+    assert (base - shifted).abs().max() <= 1e-4
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_rove_differs_from_rope_on_the_same_weights(family):
+    rope, rove = make_mixer(family, "rope"), make_mixer(family, "rove")
+    rove.load_state_dict(rope.state_dict())
+    x = torch.randn(1, T, HIDDEN)
+    assert (run(rope, x)[0] - run(rove, x)[0]).abs().max() > 1e-3
+
+
+def rotation_matrix(angles: torch.Tensor) -> torch.Tensor:
+    """[P] angles -> [2P, 2P] block rotation acting on pairs (i, i + P)."""
+    P = angles.numel()
+    R = torch.zeros(2 * P, 2 * P, dtype=torch.float64)
+    idx = torch.arange(P)
+    R[idx, idx], R[idx, idx + P] = angles.cos(), -angles.sin()
+    R[idx + P, idx], R[idx + P, idx + P] = angles.sin(), angles.cos()
+    return R
+
+
+def test_rove_equals_the_explicit_attentive_convolution():
+    """y_i = sum_j A_ij R_{j-i} W_V x_j, with A the softmax attention of the RoPE-rotated q and k."""
+    mixer = make_mixer("transformer", "rove", num_kv_heads=4).double()
+    x = torch.randn(1, T, HIDDEN, dtype=torch.float64)
+    out, _ = run(mixer, x)
+    H, D = mixer.num_heads, mixer.head_dim
+    q = mixer.q_proj(x).view(T, H, D)
+    k = mixer.k_proj(x).view(T, H, D)
+    v = mixer.v_proj(x).view(T, H, D)
+    base = mixer.positional.settings.rope_theta
+    qk_freq = base ** (-torch.arange(0, D, 2, dtype=torch.float64) / D)
+    rot = [rotation_matrix(t * qk_freq) for t in range(T)]
+    y = torch.zeros(T, H, D, dtype=torch.float64)
+    for h in range(H):
+        logits = torch.stack([torch.stack([(rot[i] @ q[i, h]) @ (rot[j] @ k[j, h]) for j in range(T)])
+                              for i in range(T)]) * D ** -0.5
+        A = logits.masked_fill(torch.ones(T, T, dtype=torch.bool).triu(1), float("-inf")).softmax(-1)
+        for i in range(T):
+            y[i, h] = sum(A[i, j] * (rotation_matrix((j - i) * qk_freq) @ v[j, h]) for j in range(i + 1))
+    expected = mixer.o_proj(y.reshape(1, T, H * D))
+    assert (out - expected).abs().max() <= 1e-5  # the ops compute in float32
+
+
+def selective(family_dims: HeadDims, **options) -> torch.nn.Module:
+    settings = PositionalSettings(position_encoding="selective_rope", **options)
+    torch.manual_seed(1)
+    layer = build_positional(settings, family_dims).double()
+    with torch.no_grad():
+        for p in layer.parameters():
+            p.add_(torch.randn_like(p) * 0.3)
+    return layer
+
+
+@pytest.mark.parametrize("options", [{}, {"selective_rope_bias": True, "selective_rope_phase_gate": True},
+                                     {"selective_rope_rank": None, "selective_rope_activation": None},
+                                     {"selective_rope_spectrum": "rfa"}])
+def test_selective_rope_equals_the_complex_recurrence(options):
+    """Linear kernel on rotated q, k == S_t = lambda_t diag(exp(-i tau omega_t)) S_{t-1} + kc_t v_t^T."""
+    B, H, K, V = 2, 2, 8, 4
+    layer = selective(HeadDims(HIDDEN, H, H, K, V, mixer_has_decay=True), **options)
+    x = torch.randn(B, T, HIDDEN, dtype=torch.float64)
+    q, k, v = torch.randn(B, T, H, K, dtype=torch.float64), torch.randn(B, T, H, K, dtype=torch.float64), \
+        torch.randn(B, T, H, V, dtype=torch.float64)
+    log_lambda = F.logsigmoid(torch.randn(B, T, H, dtype=torch.float64) + 2)
+    seq = SequenceInfo.build(x)
+    enc = layer(q, k, v, x, seq, None)
+    ours, _ = chunk_gla(enc.q, enc.k, enc.v, log_lambda[..., None].expand(B, T, H, K), backend="torch")
+
+    omega, _ = layer.angle_rates(x, seq, None)  # [B, T, H, K/2]
+    step_angle = omega.double() * layer.tau.double()
+    qc = torch.complex(q[..., :K // 2], q[..., K // 2:])
+    kc = torch.complex(k[..., :K // 2], k[..., K // 2:])
+    S = torch.zeros(B, H, K // 2, V, dtype=torch.complex128)
+    expected = torch.zeros(B, T, H, V, dtype=torch.float64)
+    for t in range(T):
+        transition = log_lambda[:, t].exp()[..., None] * torch.exp(-1j * step_angle[:, t])  # [B, H, K/2]
+        S = transition[..., None] * S + kc[:, t, :, :, None] * v[:, t, :, None, :].to(S.dtype)
+        expected[:, t] = K ** -0.5 * torch.einsum("bhk,bhkv->bhv", qc[:, t].conj(), S).real
+    assert (ours.double() - expected).abs().max() <= 1e-5
+
+
+def test_softmax_logits_depend_only_on_angle_differences():
+    B, H, K = 1, 2, 8
+    layer = selective(HeadDims(HIDDEN, H, H, K, K, mixer_has_decay=False))
+    x = torch.randn(B, T, HIDDEN, dtype=torch.float64)
+    q, k, v = (torch.randn(B, T, H, K, dtype=torch.float64) for _ in range(3))
+    seq = SequenceInfo.build(x)
+    enc = layer(q, k, v, x, seq, None)
+    shifted = layer(q, k, v, x, seq, {"theta": torch.full((B, H, K // 2), 17.3, dtype=torch.float64)})
+    logits = torch.einsum("bihk,bjhk->bhij", enc.q, enc.k)
+    assert (logits - torch.einsum("bihk,bjhk->bhij", shifted.q, shifted.k)).abs().max() <= 1e-5  # angles are float32
+    # and explicitly: q_t^T R(theta_s - theta_t) k_s
+    omega, _ = layer.angle_rates(x, seq, None)
+    theta = omega.double().cumsum(1) * layer.tau.double()
+    i, j = 9, 4
+    diff = theta[0, j, 0] - theta[0, i, 0]
+    assert torch.allclose(logits[0, 0, i, j], q[0, i, 0] @ rotation_matrix(diff) @ k[0, j, 0], atol=1e-5)
+
+
+def test_zero_angle_projection_reduces_to_nope_with_the_same_decay():
+    sel = make_mixer("transformer", "selective_rope")
+    with torch.no_grad():
+        sel.positional.phi_up.weight.zero_()
+    # FoX with NoPE is the same attention with the decay as its forget gate
+    fox = build_mixer("fox", hidden_size=HIDDEN, num_heads=4, num_kv_heads=2,
+                      positional=PositionalSettings(position_encoding="nope"))
+    state = {k: v for k, v in sel.state_dict().items() if not k.startswith("positional")}
+    state["fgate_proj.weight"] = sel.positional.decay_proj.weight
+    state["fgate_proj.bias"] = sel.positional.decay_proj.bias
+    fox.load_state_dict(state)
+    x = torch.randn(2, T, HIDDEN)
+    assert (run(sel, x)[0] - run(fox, x)[0]).abs().max() <= 1e-6
+    # on a mixer with its own decay, zero angles are exactly NoPE
+    gla_sel, gla_nope = make_mixer("gla", "selective_rope"), make_mixer("gla", "nope")
+    with torch.no_grad():
+        gla_sel.positional.phi_up.weight.zero_()
+    state = {k: v for k, v in gla_sel.state_dict().items() if not k.startswith("positional")}
+    for name in ("gk_proj.1.weight", "gk_proj.1.bias"):  # the tied pair gate, written out per channel
+        per_pair = state[name].view(gla_sel.num_heads, gla_sel.head_k_dim // 2, -1)
+        state[name] = torch.cat([per_pair, per_pair], 1).reshape(-1, *state[name].shape[1:])
+    gla_nope.load_state_dict(state)
+    assert (run(gla_sel, x)[0] - run(gla_nope, x)[0]).abs().max() <= 1e-6
+
+
+def test_selective_decay_is_on_only_for_mixers_without_one():
+    assert make_mixer("transformer", "selective_rope").positional.adds_decay
+    assert make_mixer("deltanet", "selective_rope").positional.adds_decay
+    assert not make_mixer("deltanet", "selective_rope", use_gated_delta=True).positional.adds_decay
+    assert not make_mixer("gla", "selective_rope").positional.adds_decay
+    assert not make_mixer("fox", "selective_rope").positional.adds_decay
+    assert not make_mixer("transformer", "selective_rope", selective_rope_decay=False).positional.adds_decay
+
+
+def test_rope_rotation_matches_the_definition():
+    settings = PositionalSettings(position_encoding="rope", partial_rotary_factor=0.5)
+    layer = build_positional(settings, HeadDims(HIDDEN, 2, 2, 16, 16, False))
+    q = torch.randn(1, 5, 2, 16, dtype=torch.float64)
+    enc = layer(q, q, q, torch.zeros(1, 5, HIDDEN), SequenceInfo.build(torch.zeros(1, 5, HIDDEN)), None)
+    freq = 10000 ** (-torch.arange(0, 8, 2, dtype=torch.float64) / 8)
+    R = rotation_matrix(3 * freq)
+    assert torch.allclose(enc.q[0, 3, 1, :8].double(), R @ q[0, 3, 1, :8], atol=1e-6)
+    assert torch.equal(enc.q[..., 8:], q[..., 8:])  # the partial rest is untouched
+    assert torch.equal(enc.v, q)
+
+
+@pytest.mark.parametrize("make,match", [
+    (lambda: make_mixer("transformer", "rope", head_dim=7, num_kv_heads=4), "rotary dimension"),
+    (lambda: make_mixer("gla", "rope", partial_rotary_factor=0.1), "partial_rotary_factor"),
+    (lambda: build_positional(PositionalSettings(position_encoding="rove"), HeadDims(32, 2, 2, 8, 7, False)),
+     "value head size"),
+    (lambda: make_mixer("gla", "alibi"), "position_encoding"),
+    (lambda: make_mixer("gla", "selective_rope", selective_rope_activation="gelu"), "selective_rope_activation"),
+    (lambda: make_mixer("gla", "selective_rope", selective_rope_spectrum="linear"), "selective_rope_spectrum"),
+    (lambda: make_mixer("gla", "selective_rope", selective_rope_decay=True), "selective_rope_decay"),
+    (lambda: make_mixer("gla", "nope", num_heads=5), "num_heads"),
+    (lambda: make_mixer("transformer", "nope", num_heads=4, num_kv_heads=3), "num_kv_heads"),
+    (lambda: make_mixer("deltanet", "nope", expand_k=0.3), "expand_k"),
+    (lambda: build_mixer("mamba", hidden_size=32), "family"),
+])
+def test_invalid_settings_raise_a_clear_value_error(make, match):
+    with pytest.raises(ValueError, match=match):
+        make()
+
+
+def test_rfa_spectrum_is_deterministic_and_saved():
+    dims = HeadDims(HIDDEN, 2, 2, 8, 8, True)
+    a = build_positional(PositionalSettings(position_encoding="selective_rope", selective_rope_spectrum="rfa"), dims)
+    b = build_positional(PositionalSettings(position_encoding="selective_rope", selective_rope_spectrum="rfa"), dims)
+    assert torch.equal(a.tau, b.tau) and "tau" in a.state_dict()
+    assert not a.tau.requires_grad and math.isclose(a.tau.max().item(), a.tau[0].item())

@@ -1,0 +1,201 @@
+"""The four families through the transformers API: loss, saving, generation, caching, positions."""
+import pytest
+import torch
+from transformers import AutoConfig, AutoModel, AutoModelForCausalLM
+
+import rotarium
+from rotarium.models import RotariumCache
+from tests.models.helpers import COMBINATIONS, VOCAB, tiny_config, tiny_model
+
+
+@pytest.mark.parametrize("family,pe", COMBINATIONS)
+def test_loss_is_finite_and_every_parameter_gets_a_gradient(family, pe):
+    model = tiny_model(family, pe).train()
+    ids = torch.randint(0, VOCAB, (2, 24))
+    labels = ids.clone()
+    labels[0, :5] = -100
+    loss = model(ids, labels=labels).loss
+    assert torch.isfinite(loss)
+    loss.backward()
+    for name, p in model.named_parameters():
+        assert p.grad is not None and torch.isfinite(p.grad).all() and p.grad.abs().sum() > 0, name
+    # the loss is the shifted next-token cross-entropy ignoring -100
+    logits = model(ids).logits
+    expected = torch.nn.functional.cross_entropy(logits[:, :-1].reshape(-1, VOCAB), labels[:, 1:].reshape(-1),
+                                                 ignore_index=-100)
+    assert torch.allclose(loss, expected, atol=1e-5)
+
+
+@pytest.mark.parametrize("family,pe", COMBINATIONS)
+def test_save_and_auto_load_give_identical_logits(family, pe, tmp_path):
+    model = tiny_model(family, pe)
+    model.save_pretrained(tmp_path)
+    assert (tmp_path / "model.safetensors").exists()
+    assert AutoConfig.from_pretrained(tmp_path).model_type == f"rotarium_{family}"
+    loaded = AutoModelForCausalLM.from_pretrained(tmp_path).eval()
+    assert type(loaded) is type(model)
+    ids = torch.randint(0, VOCAB, (2, 20))
+    with torch.no_grad():
+        assert torch.equal(model(ids).logits, loaded(ids).logits)
+    base = AutoModel.from_pretrained(tmp_path)
+    assert isinstance(base, rotarium.models.RotariumModel)
+
+
+def greedy_without_cache(model, ids, steps):
+    for _ in range(steps):
+        next_token = model(ids, use_cache=False).logits[:, -1].argmax(-1, keepdim=True)
+        ids = torch.cat([ids, next_token], 1)
+    return ids
+
+
+@pytest.mark.parametrize("family,pe", COMBINATIONS)
+def test_greedy_generate_with_cache_equals_recomputing_the_prefix(family, pe):
+    model = tiny_model(family, pe)
+    ids = torch.randint(2, VOCAB, (1, 9))
+    with torch.no_grad():
+        generated = model.generate(ids, max_new_tokens=32, do_sample=False)
+        assert torch.equal(generated, greedy_without_cache(model, ids, 32))
+    assert len(set(generated[0, 9:].tolist())) > 1
+
+
+@pytest.mark.parametrize("family,pe", COMBINATIONS)
+def test_left_padded_batch_generates_what_each_prompt_generates_alone(family, pe):
+    model = tiny_model(family, pe)
+    long, short = torch.randint(2, VOCAB, (1, 12)), torch.randint(2, VOCAB, (1, 7))
+    batch = torch.cat([long, torch.cat([torch.zeros(1, 5, dtype=torch.long), short], 1)])
+    mask = torch.ones_like(batch)
+    mask[1, :5] = 0
+    with torch.no_grad():
+        out = model.generate(batch, attention_mask=mask, max_new_tokens=12, do_sample=False)
+        alone_long = model.generate(long, max_new_tokens=12, do_sample=False)
+        alone_short = model.generate(short, max_new_tokens=12, do_sample=False)
+    assert torch.equal(out[0, 12:], alone_long[0, 12:])
+    assert torch.equal(out[1, 12:], alone_short[0, 7:])
+
+
+@pytest.mark.parametrize("family,pe", COMBINATIONS)
+def test_prefill_then_token_by_token_logits_equal_the_full_forward(family, pe):
+    model = tiny_model(family, pe)
+    ids = torch.randint(0, VOCAB, (2, 30))
+    with torch.no_grad():
+        full = model(ids, use_cache=False).logits
+        out = model(ids[:, :11], use_cache=True)
+        cache = out.cache if hasattr(out, "cache") else out.past_key_values
+        assert isinstance(cache, RotariumCache) and cache.get_seq_length() == 11
+        logits = [out.logits]
+        for t in range(11, 30):
+            out = model(ids[:, t:t + 1], past_key_values=cache, use_cache=True)
+            logits.append(out.logits)
+    assert (torch.cat(logits, 1) - full).abs().max() <= 1e-4
+
+
+@pytest.mark.parametrize("family", ["gla", "fox", "deltanet", "transformer"])
+@pytest.mark.parametrize("pe", ["rope", "rove"])
+def test_shifting_position_ids_leaves_logits_unchanged(family, pe):
+    model = tiny_model(family, pe)
+    ids = torch.randint(0, VOCAB, (2, 20))
+    positions = torch.arange(20).expand(2, 20)
+    with torch.no_grad():
+        a = model(ids, position_ids=positions).logits
+        b = model(ids, position_ids=positions + 777).logits
+    # float32 angles of position 777 carry ~1e-5 relative error, hence a tolerance relative to the logits' scale
+    assert (a - b).abs().max() <= 1e-4 * a.abs().max()
+
+
+@pytest.mark.parametrize("family,pe", [("gla", "selective_rope"), ("transformer", "rove"), ("deltanet", "rope"),
+                                       ("fox", "nope")])
+def test_packed_documents_equal_separate_forwards_and_loss_skips_boundaries(family, pe):
+    model = tiny_model(family, pe)
+    docs = [torch.randint(0, VOCAB, (1, n)) for n in (9, 4, 13)]
+    cu = torch.tensor([0, 9, 13, 26])
+    packed = torch.cat(docs, 1)
+    with torch.no_grad():
+        logits = model(packed, cu_seqlens=cu).logits
+        separate = torch.cat([model(d).logits for d in docs], 1)
+        assert (logits - separate).abs().max() <= 1e-4
+        loss = model(packed, labels=packed, cu_seqlens=cu).loss
+        per_doc = [torch.nn.functional.cross_entropy(model(d).logits[0, :-1], d[0, 1:], reduction="sum") for d in docs]
+    assert torch.allclose(loss, sum(per_doc) / (26 - 3), atol=1e-5)
+
+
+def test_sampling_and_beam_search_run_with_the_recurrent_cache():
+    model = tiny_model("gla", "selective_rope")
+    ids = torch.randint(2, VOCAB, (2, 6))
+    with torch.no_grad():
+        sampled = model.generate(ids, max_new_tokens=10, do_sample=True, top_k=5, temperature=0.8)
+        assert sampled.shape == (2, 16)
+        beams = model.generate(ids, max_new_tokens=8, num_beams=3, do_sample=False)
+        beams_nocache = model.generate(ids, max_new_tokens=8, num_beams=3, do_sample=False, use_cache=False)
+    assert torch.equal(beams, beams_nocache)
+
+
+def test_gradient_checkpointing_gives_the_same_gradients():
+    model = tiny_model("deltanet", "selective_rope").train()
+    ids = torch.randint(0, VOCAB, (2, 16))
+    model(ids, labels=ids).loss.backward()
+    plain = {n: p.grad.clone() for n, p in model.named_parameters()}
+    model.zero_grad()
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    model(ids, labels=ids).loss.backward()
+    for n, p in model.named_parameters():
+        assert torch.allclose(p.grad, plain[n], atol=1e-6), n
+
+
+def test_tied_embeddings_resize_and_bfloat16(tmp_path):
+    model = tiny_model("transformer", "rope", tie_word_embeddings=True)
+    assert model.lm_head.weight.data_ptr() == model.model.embed_tokens.weight.data_ptr()
+    model.resize_token_embeddings(VOCAB + 7)
+    assert model.config.vocab_size == VOCAB + 7 and model(torch.tensor([[VOCAB + 3]])).logits.shape[-1] == VOCAB + 7
+    model.save_pretrained(tmp_path)
+    loaded = AutoModelForCausalLM.from_pretrained(tmp_path, dtype=torch.bfloat16)
+    assert loaded.lm_head.weight.data_ptr() == loaded.model.embed_tokens.weight.data_ptr()
+    out = loaded(torch.randint(0, VOCAB, (1, 70))).logits
+    assert out.dtype == torch.bfloat16 and torch.isfinite(out).all()
+    untied = tiny_model("transformer", "rope")
+    assert untied.lm_head.weight.data_ptr() != untied.model.embed_tokens.weight.data_ptr()
+
+
+def test_initialisation_follows_the_recipe():
+    config = tiny_config("deltanet", "selective_rope", use_gated_delta=False, num_hidden_layers=8)
+    model = rotarium.DeltaNetForCausalLM(config)
+    std = config.initializer_range
+    assert abs(model.model.embed_tokens.weight.std().item() - std) < 0.005
+    o_proj = model.model.layers[0].mixer.o_proj.weight
+    assert abs(o_proj.std().item() - std / 4) < 0.002  # residual projections scaled by 1/sqrt(2 * layers)
+    decay_bias = model.model.layers[0].mixer.positional.decay_proj.bias
+    assert torch.all(torch.sigmoid(decay_bias) > 0.9)  # Selective RoPE's decay starts with long memories
+    gated = rotarium.DeltaNetForCausalLM(tiny_config("deltanet", "nope", use_gated_delta=True))
+    A = gated.model.layers[0].mixer.A_log.exp()
+    assert torch.all((A >= 1) & (A <= 16))
+
+
+def test_presets_have_the_advertised_sizes():
+    from rotarium.configs.param_table import parameter_count
+
+    for name in rotarium.PRESETS:
+        count = parameter_count(name, position_encoding="selective_rope")
+        low, high = (340e6, 400e6) if name.endswith("370m") else (1.25e9, 1.45e9)
+        assert low <= count <= high, (name, count)
+    config = rotarium.GLAConfig.from_preset("gla-370m", position_encoding="selective_rope")
+    assert config.hidden_size == 1024 and config.position_encoding == "selective_rope"
+    assert rotarium.preset_config("fox-1.3b").num_heads == 32
+    with pytest.raises(ValueError, match="deltanet"):
+        rotarium.GLAConfig.from_preset("deltanet-370m")
+    with pytest.raises(ValueError, match="preset"):
+        rotarium.preset_config("gla-7b")
+
+
+@pytest.mark.parametrize("family,overrides,field", [
+    ("gla", {"hidden_size": 30}, "num_heads"),
+    ("gla", {"position_encoding": "alibi"}, "position_encoding"),
+    ("gla", {"expand_k": 0.3}, "expand_k"),
+    ("fox", {"num_kv_heads": 3}, "num_kv_heads"),
+    ("transformer", {"vocab_size": 0}, "vocab_size"),
+    ("deltanet", {"num_hidden_layers": "2"}, "num_hidden_layers"),
+    ("transformer", {"position_encoding": "rove", "head_dim": 7}, "rotary dimension"),
+    ("gla", {"selective_rope_spectrum": "x", "position_encoding": "selective_rope"}, "selective_rope_spectrum"),
+    ("gla", {"initializer_range": 2.0}, "initializer_range"),
+])
+def test_invalid_configs_raise_value_errors_naming_the_field(family, overrides, field):
+    with pytest.raises(ValueError, match=field):
+        tiny_config(family, overrides.pop("position_encoding", "nope"), **overrides)
