@@ -86,7 +86,7 @@ def scaling(lengths: list[int], repeats: int) -> bool:
     for T in lengths:
         x = make_inputs(1, T, 4, 64, 64)
         for name, make in OPS.items():
-            times[name][T] = time_call(make(x), repeats if T <= 4096 else 1)
+            times[name][T] = time_call(make(x), repeats)
     print("\n## forward+backward seconds, B=1 H=4 K=V=64 float32 (PyTorch backend)")
     print("| op | " + " | ".join(f"T={T}" for T in lengths) + " | t(16384)/t(4096) |")
     print("|---|" + "---|" * (len(lengths) + 1))

@@ -119,6 +119,16 @@ def test_bfloat16_matches_oracles_on_rounded_inputs(name, T):
     assert_runs_match(ours, run(fla_oracle(gated), float_copy(x)), 2e-2)
 
 
+@pytest.mark.parametrize("h0", [True, False])
+@pytest.mark.parametrize("gated", [True, False])
+def test_several_blocks_of_chunks(gated, h0, monkeypatch):
+    monkeypatch.setattr(chunk_module, "BLOCK_CHUNK_HEADS", 8)  # B*H = 4: blocks of 2 chunks
+    op = chunk_gated_delta_rule if gated else chunk_delta_rule
+    x = make_inputs(T=300, gated=gated, h0=h0)  # 5 chunks: blocks of 2, 2, 1
+    ours = run(lambda x: call(op, x, output_final_state=True), x)
+    assert_runs_match(ours, run(our_oracle(gated), x), 1e-4)
+
+
 @pytest.mark.parametrize("T", [20, 100])
 @pytest.mark.parametrize("name", list(OPS))
 def test_qk_l2norm_and_scale(name, T):

@@ -36,7 +36,7 @@ from rotarium.ops.utils import (
 
 CHUNK_SIZE = 64
 # chunk-heads per block of the PyTorch path (see _chunk_gated_delta_rule_fwd)
-BLOCK_CHUNK_HEADS = 256
+BLOCK_CHUNK_HEADS = 128
 L2NORM_EPS = 1e-6  # fla's l2norm_fwd default, so both backends normalise alike
 
 _warned_float32 = False
@@ -151,28 +151,27 @@ def _chunk_gated_delta_rule_fwd(
     q, k, v, beta = chunks(q), chunks(k), chunks(v), chunks(beta)[..., None]
     gamma = None if g is None else chunks(g).cumsum(-1)  # within-chunk cumulative log decay, <= 0
 
-    S = None if initial_state is None else initial_state.float().reshape(B * H, K, V)
-    # Blocks of chunks: the state-free work of a block stays in cache until the scan consumes it,
-    # which keeps the time linear in T once the whole sequence no longer fits.
+    # Blocks of chunks: a block's state-free work stays in cache until its part of the scan consumes
+    # it, which keeps the time linear in T. split, not slicing: autograd then joins the blocks'
+    # gradients with one cat instead of a zero-filled full-size gradient per block.
     block = max(1, BLOCK_CHUNK_HEADS // (B * H))
-    # split, not slicing: autograd joins the blocks' gradients with one cat instead of a zero-filled
-    # full-size gradient per block
-    def split(x: torch.Tensor | None) -> list[torch.Tensor | None]:
-        return [x] if n <= block or x is None else list(x.split(block))
+    blocks = [x.split(block) if n > block else [x] for x in (q, k, v, beta)]
+    blocks.append([None] * len(blocks[0]) if gamma is None else (gamma.split(block) if n > block else [gamma]))
 
-    blocks = zip(*(split(x) for x in (q, k, v, beta)), split(gamma) if gamma is not None else [None] * n)
+    S = None if initial_state is None else initial_state.float().reshape(B * H, K, V)
     outputs = []
-    for q_b, k_b, v_b, beta_b, gamma_b in blocks:
+    for q_b, k_b, v_b, beta_b, gamma_b in zip(*blocks):
         G, N, Q_state, O_intra = _intra_chunk(q_b, k_b, v_b, gamma_b, beta_b)
         states = []
-        # unbind and stack, not indexing: autograd then gathers the per-chunk gradients in one copy
+        # unbind and stack, not indexing, for the same reason as split above
         for G_c, N_c in zip(G.unbind(0), N.unbind(0)):
             states.append(q.new_zeros(B * H, K, V) if S is None else S)
             S = N_c if S is None else torch.baddbmm(N_c, G_c, S)
         S_in = torch.stack(states)  # the state entering each chunk
-        outputs.append(torch.baddbmm(O_intra.flatten(0, 1), Q_state.flatten(0, 1), S_in.flatten(0, 1),
-                                     beta=scale, alpha=scale))
-    o = (outputs[0] if len(outputs) == 1 else torch.cat(outputs)).view(n, B, H, C, V).permute(1, 0, 3, 2, 4).reshape(B, n * C, H, V)
+        o = torch.baddbmm(O_intra.flatten(0, 1), Q_state.flatten(0, 1), S_in.flatten(0, 1), beta=scale, alpha=scale)
+        outputs.append(o)
+    o = outputs[0] if len(outputs) == 1 else torch.cat(outputs)
+    o = o.view(n, B, H, C, V).permute(1, 0, 3, 2, 4).reshape(B, n * C, H, V)
     return (o if n * C == T else o[:, :T]), (S.view(B, H, K, V) if output_final_state else None)
 
 
