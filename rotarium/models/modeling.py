@@ -68,6 +68,16 @@ class RotariumPreTrainedModel(PreTrainedModel):
                     module.get_buffer(name)
                 init.copy_(target, value.to(dtype=target.dtype, device=target.device))
 
+    def save_pretrained(self, save_directory, *args, **kwargs):
+        """transformers' ``save_pretrained`` (``push_to_hub`` goes through it), plus a self-contained copy of the
+        model code and an ``auto_map`` in ``config.json``: the folder also loads with
+        ``AutoModelForCausalLM.from_pretrained(folder, trust_remote_code=True)`` where rotarium is not installed."""
+        from rotarium.models.remote_code import prepare_save  # the bundler reads source files: only saving needs it
+
+        if kwargs.get("is_main_process", True):
+            prepare_save(self.config, tuple(c.__name__ for c in FAMILY_MODELS[self.config.family]), save_directory)
+        return super().save_pretrained(save_directory, *args, **kwargs)
+
     def post_init(self):
         for name, module in self.named_modules():
             if name.rsplit(".", 1)[-1] in RESIDUAL_PROJECTIONS:

@@ -1,0 +1,142 @@
+"""The model card (``README.md``) of an exported checkpoint: YAML metadata for the Hub, then the model, usage,
+training and evaluation sections."""
+from __future__ import annotations
+
+import json
+import math
+from typing import Any
+
+import yaml
+
+from rotarium.hub.checkpoint import Checkpoint
+
+FAMILY_NAMES = {
+    "gla": "GLA (Gated Linear Attention, Yang et al., 2024)",
+    "fox": "FoX (the Forgetting Transformer, Lin et al., ICLR 2025)",
+    "deltanet": "DeltaNet (linear attention with the delta rule, Yang et al., 2024)",
+    "transformer": "Transformer (Llama-style: RMSNorm, SwiGLU, softmax attention)",
+}
+POSITIONAL_NAMES = {
+    "nope": "NoPE (no positional encoding)",
+    "rope": "RoPE (rotary position embeddings)",
+    "rove": "RoVE (rotary value embeddings: RoPE on queries, keys and values)",
+    "selective_rope": "Selective RoPE (input-dependent rotations with exponential decay)",
+}
+ARCHITECTURE_FIELDS = ("hidden_size", "num_hidden_layers", "num_heads", "num_kv_heads", "intermediate_size",
+                       "vocab_size", "expand_k", "expand_v", "use_gated_delta", "rope_theta",
+                       "max_position_embeddings", "tie_word_embeddings", "dtype")
+
+
+def format_count(n: int) -> str:
+    """``374712320`` -> ``"374.7M"``."""
+    for unit, scale in (("B", 1e9), ("M", 1e6), ("K", 1e3)):
+        if n >= scale:
+            return f"{n / scale:.1f}{unit}"
+    return str(n)
+
+
+def _cell(value: Any) -> str:
+    if isinstance(value, float):
+        text = f"{value:.6g}" if math.isfinite(value) else str(value)
+    elif value is None:
+        text = ""
+    else:
+        text = str(value)
+    return text.replace("|", "\\|").replace("\n", " ")
+
+
+def markdown_table(rows: list[dict[str, Any]]) -> str:
+    """Rows of flat objects as a markdown table, columns in order of first appearance."""
+    columns = list(dict.fromkeys(key for row in rows for key in row))
+    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+    lines += ["| " + " | ".join(_cell(row.get(c)) for c in columns) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def usage_snippet(repo: str, checkpoint: Checkpoint, prompt: str = "Once upon a time") -> str:
+    """Python that loads the model from ``repo`` with transformers alone and generates."""
+    load = "model = AutoModelForCausalLM.from_pretrained(repo, trust_remote_code=True)\n"
+    if checkpoint.has_tokenizer:
+        return (f"from transformers import AutoModelForCausalLM, AutoTokenizer\n\n"
+                f"repo = {json.dumps(repo)}\n{load}"
+                f"tokenizer = AutoTokenizer.from_pretrained(repo, trust_remote_code=True)\n"
+                f"inputs = tokenizer({json.dumps(prompt)}, return_tensors=\"pt\")\n"
+                f"output = model.generate(**inputs, max_new_tokens=20, do_sample=False)\n"
+                f"print(tokenizer.decode(output[0], skip_special_tokens=True))\n")
+    vocab = int(checkpoint.config.get("vocab_size", 3))
+    ids = [i % vocab for i in (checkpoint.config.get("bos_token_id") or 1, 42, 7)]
+    return (f"import torch\nfrom transformers import AutoModelForCausalLM\n\n"
+            f"repo = {json.dumps(repo)}\n{load}"
+            f"input_ids = torch.tensor([{ids}])  # token ids from the tokenizer the model was trained with\n"
+            f"output = model.generate(input_ids, max_new_tokens=20, do_sample=False)\n"
+            f"print(output[0].tolist())\n")
+
+
+def metadata(checkpoint: Checkpoint, license: str, datasets: list[str] | None = None) -> dict[str, Any]:
+    """The card's YAML header."""
+    config = checkpoint.config
+    tags = ["rotarium", checkpoint.family, config.get("position_encoding", "nope").replace("_", "-"),
+            "linear-attention" if checkpoint.family != "transformer" else "transformer", "custom_code",
+            "text-generation"]
+    meta: dict[str, Any] = {"library_name": "transformers", "pipeline_tag": "text-generation",
+                            "license": license, "tags": list(dict.fromkeys(tags))}
+    datasets = datasets or checkpoint.datasets
+    if datasets:
+        meta["datasets"] = list(datasets)
+    return meta
+
+
+def model_card(checkpoint: Checkpoint, *, repo: str, num_parameters: int, license: str = "mit",
+               datasets: list[str] | None = None, plots: list[str] | None = None) -> str:
+    """The whole ``README.md``. ``repo`` goes into the usage snippet (a Hub id, or a local folder); ``plots`` are
+    paths of evaluation plots relative to the exported folder."""
+    config = checkpoint.config
+    family, pe = checkpoint.family, config.get("position_encoding", "nope")
+    name = repo.rstrip("/").rsplit("/", 1)[-1]
+    family_name = FAMILY_NAMES[family]
+    if family == "deltanet" and config.get("use_gated_delta"):
+        family_name = "Gated " + family_name
+    header = yaml.safe_dump(metadata(checkpoint, license, datasets), sort_keys=False, allow_unicode=True)
+    parts = [f"---\n{header}---\n", f"# {name}\n",
+             (f"A {format_count(num_parameters)}-parameter causal language model: **{family_name}** token mixers "
+              f"with **{POSITIONAL_NAMES.get(pe, pe)}**, built with rotarium.\n"),
+             "## Model\n",
+             markdown_table([{"field": "family", "value": family}, {"field": "position_encoding", "value": pe},
+                             {"field": "parameters", "value": f"{format_count(num_parameters)} ({num_parameters:,})"},
+                             *[{"field": k, "value": config[k]} for k in ARCHITECTURE_FIELDS
+                               if config.get(k) is not None]]) + "\n",
+             "## Usage\n",
+             ("The code of the model is in this repository, so transformers alone loads it (it runs on CPU in "
+              "PyTorch, and uses the Triton kernels of `flash-linear-attention` on CUDA when that is installed):\n"),
+             f"```python\n{usage_snippet(repo, checkpoint)}```\n",
+             ("With rotarium installed, `import rotarium` registers the model type and "
+              "`AutoModelForCausalLM.from_pretrained(repo)` loads rotarium's own classes (no `trust_remote_code`).\n")]
+    training = _training_section(checkpoint, datasets or checkpoint.datasets)
+    if training:
+        parts += ["## Training\n", training]
+    if checkpoint.eval_tables or plots:
+        parts.append("## Evaluation\n")
+        for title, rows in checkpoint.eval_tables.items():
+            parts += [f"### {title.replace('_', ' ')}\n", markdown_table(rows) + "\n"]
+        for plot in plots or []:
+            parts.append(f"![{plot.rsplit('/', 1)[-1].rsplit('.', 1)[0]}]({plot})\n")
+    return "\n".join(parts)
+
+
+def _training_section(checkpoint: Checkpoint, datasets: list[str]) -> str:
+    lines = []
+    if datasets:
+        lines.append("Data: " + ", ".join(f"[{d}](https://huggingface.co/datasets/{d})" for d in datasets) + ".")
+    if checkpoint.training_tokens:
+        lines.append(f"Tokens: {format_count(checkpoint.training_tokens)} ({checkpoint.training_tokens:,}).")
+    metrics = checkpoint.last_metrics or {}
+    if "loss" in metrics:
+        step = f" at step {metrics['step']}" if "step" in metrics else ""
+        lines.append(f"Final training loss{step}: {_cell(metrics['loss'])}.")
+    text = "\n\n".join(lines) + ("\n" if lines else "")
+    args = {k: v for k, v in (checkpoint.training_args or {}).items()
+            if isinstance(v, (str, int, float, bool)) or v is None}
+    if args:
+        text += ("\n" if text else "") + "Training arguments:\n\n" + markdown_table(
+            [{"argument": k, "value": v} for k, v in args.items()]) + "\n"
+    return text

@@ -1,0 +1,147 @@
+"""What the Hub tools read from a checkpoint folder, and the check that a folder is a rotarium checkpoint.
+
+A checkpoint is a folder written by ``save_pretrained`` of a rotarium model: ``config.json`` with a
+``rotarium_*`` model type and the weights (``model.safetensors``, a sharded ``model.safetensors.index.json``, or
+``pytorch_model.bin`` / its index). Optional files, used when present:
+
+- tokenizer files (:data:`TOKENIZER_FILES`) and ``generation_config.json``, in the checkpoint folder;
+- training metadata, in the checkpoint folder or else its parent (a run folder holding ``checkpoint-*/``):
+  ``training_args.json`` (one JSON object; ``dataset`` or ``dataset_name`` is a Hub dataset id, ``tokens`` /
+  ``total_tokens`` / ``tokens_seen`` / ``max_tokens`` the number of training tokens; every scalar entry is listed
+  in the card) and ``metrics.jsonl`` (one JSON object a line; the last line's ``tokens`` / ``tokens_seen``,
+  ``step`` and ``loss`` are reported);
+- evaluation results, in ``eval/`` in the checkpoint folder or else its parent: every ``*.json`` there is a
+  table (a list of flat objects, e.g. ``[{"context_length": 2048, "perplexity": 17.3}]``; an object with a
+  ``rows`` list; an object of equal-length columns; or one flat object), titled by its file name (for example
+  ``eval/perplexity.json``), and every ``*.png`` a plot, copied into the export and shown in the card.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from rotarium.models import CONFIGS
+
+MODEL_TYPES = {config.model_type: family for family, config in CONFIGS.items()}
+WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "pytorch_model.bin.index.json")
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "tokenizer.model",
+                   "vocab.json", "vocab.txt", "merges.txt", "added_tokens.json", "chat_template.jinja",
+                   "chat_template.json")
+TRAINING_ARGS = "training_args.json"
+METRICS = "metrics.jsonl"
+EVAL_DIR = "eval"
+DATASET_KEYS = ("dataset", "dataset_name")
+TOKEN_KEYS = ("tokens", "total_tokens", "tokens_seen", "max_tokens", "train_tokens")
+
+
+@dataclass
+class Checkpoint:
+    """A validated checkpoint folder and the optional metadata found with it."""
+
+    path: Path
+    config: dict[str, Any]
+    family: str
+    tokenizer_files: list[Path] = field(default_factory=list)
+    training_args: dict[str, Any] | None = None
+    last_metrics: dict[str, Any] | None = None
+    eval_tables: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+    eval_plots: list[Path] = field(default_factory=list)
+
+    @property
+    def has_tokenizer(self) -> bool:
+        return any(p.name in ("tokenizer.json", "tokenizer.model", "vocab.json", "vocab.txt")
+                   for p in self.tokenizer_files)
+
+    @property
+    def datasets(self) -> list[str]:
+        """Hub dataset ids the training metadata names."""
+        args = self.training_args or {}
+        for key in DATASET_KEYS:
+            value = args.get(key)
+            if isinstance(value, str) and value:
+                return [value]
+            if isinstance(value, list) and all(isinstance(v, str) for v in value):
+                return list(value)
+        return []
+
+    @property
+    def training_tokens(self) -> int | None:
+        for source in (self.last_metrics or {}, self.training_args or {}):
+            for key in TOKEN_KEYS:
+                value = source.get(key)
+                if isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0:
+                    return int(value)
+        return None
+
+
+def _read_json(path: Path, what: str) -> Any:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError) as error:
+        raise ValueError(f"{what} {path} is not readable JSON: {error}") from None
+
+
+def _find(checkpoint: Path, name: str) -> Path | None:
+    for folder in (checkpoint, checkpoint.parent):
+        if (folder / name).exists():
+            return folder / name
+    return None
+
+
+def table_rows(data: Any) -> list[dict[str, Any]] | None:
+    """The rows of an evaluation table in any of the accepted layouts, or None when ``data`` is not a table."""
+    if isinstance(data, dict) and isinstance(data.get("rows"), list):
+        data = data["rows"]
+    if isinstance(data, dict) and data and all(isinstance(v, list) for v in data.values()):
+        lengths = {len(v) for v in data.values()}
+        if len(lengths) == 1:
+            data = [dict(zip(data, values)) for values in zip(*data.values())]
+    if isinstance(data, dict):
+        data = [data]
+    if (isinstance(data, list) and data and all(isinstance(r, dict) for r in data)
+            and all(not isinstance(v, (dict, list)) for r in data for v in r.values())):
+        return data
+    return None
+
+
+def read_checkpoint(path: str | Path) -> Checkpoint:
+    """Validates ``path`` as a rotarium checkpoint (``ValueError`` saying what is missing) and collects the
+    optional metadata described in this module's docstring."""
+    path = Path(path)
+    if not path.is_dir():
+        raise ValueError(f"checkpoint {str(path)!r} is not a folder; pass the folder written by save_pretrained "
+                         "(it holds config.json and the weights)")
+    if not (path / "config.json").is_file():
+        raise ValueError(f"{path} is not a rotarium checkpoint: it has no config.json (a save_pretrained folder "
+                         "holds config.json and model.safetensors)")
+    config = _read_json(path / "config.json", "config")
+    model_type = config.get("model_type") if isinstance(config, dict) else None
+    if model_type not in MODEL_TYPES:
+        raise ValueError(f"{path} is not a rotarium checkpoint: config.json has model_type {model_type!r}, "
+                         f"expected one of {sorted(MODEL_TYPES)}")
+    if not any((path / name).is_file() for name in WEIGHT_FILES):
+        raise ValueError(f"{path} is not a rotarium checkpoint: no weights (expected one of {list(WEIGHT_FILES)})")
+    checkpoint = Checkpoint(path=path, config=config, family=MODEL_TYPES[model_type],
+                            tokenizer_files=[path / n for n in TOKENIZER_FILES if (path / n).is_file()])
+    if (args_path := _find(path, TRAINING_ARGS)) is not None:
+        args = _read_json(args_path, "training metadata")
+        checkpoint.training_args = args if isinstance(args, dict) else None
+    if (metrics_path := _find(path, METRICS)) is not None:
+        for line in reversed(metrics_path.read_text(encoding="utf-8").splitlines()):
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError:
+                continue  # a line being written when the run stopped
+            if isinstance(record, dict):
+                checkpoint.last_metrics = record
+                break
+    eval_dir = _find(path, EVAL_DIR)
+    if eval_dir is not None and eval_dir.is_dir():
+        for table in sorted(eval_dir.glob("*.json")):
+            rows = table_rows(_read_json(table, "evaluation table"))
+            if rows is not None:
+                checkpoint.eval_tables[table.stem] = rows
+        checkpoint.eval_plots = sorted(eval_dir.glob("*.png"))
+    return checkpoint

@@ -1,0 +1,92 @@
+"""``rotarium export``: a checkpoint folder -> a Hub-ready folder that transformers alone can load.
+
+The folder holds ``config.json`` (with an ``auto_map``), the self-contained model code
+(:mod:`rotarium.models.remote_code`), the weights in safetensors (sharded above ``max_shard_size``),
+``generation_config.json``, the tokenizer files and evaluation plots found with the checkpoint, and a model card.
+It is written into a temporary sibling folder and renamed into place at the end, so a failed export never leaves
+a half-written folder, and an existing one is replaced only with ``overwrite=True``.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+from rotarium.hub.card import model_card
+from rotarium.hub.checkpoint import EVAL_DIR, Checkpoint, read_checkpoint
+from rotarium.models import FAMILY_MODELS
+from rotarium.models.remote_code import bundle, write_atomic
+
+DEFAULT_SHARD_SIZE = "5GB"  # the Hub's recommendation: shards small enough to download and resume reliably
+
+
+def _fsync_tree(folder: Path) -> None:
+    for root, _, files in os.walk(folder):
+        for name in files:
+            with open(Path(root) / name, "rb") as f:
+                os.fsync(f.fileno())
+        fd = os.open(root, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+def write_export(checkpoint: Checkpoint, folder: Path, *, repo_id: str | None = None, license: str = "mit",
+                 datasets: list[str] | None = None, max_shard_size: str | int = DEFAULT_SHARD_SIZE) -> list[Path]:
+    """Writes the export of ``checkpoint`` into the existing empty ``folder``; returns the files, sorted."""
+    bundle()  # raises what would stop the model code from being exported, before any work
+    lm_class = FAMILY_MODELS[checkpoint.family][2]
+    # dtype="auto" keeps the stored precision (a bf16 checkpoint stays bf16); loading also validates the weights.
+    model = lm_class.from_pretrained(checkpoint.path, dtype="auto")
+    model.save_pretrained(folder, max_shard_size=max_shard_size)  # weights, config + auto_map, code, generation
+    for source in checkpoint.tokenizer_files:
+        shutil.copy2(source, folder / source.name)
+    plots = []
+    if checkpoint.eval_plots:
+        (folder / EVAL_DIR).mkdir(exist_ok=True)
+        for plot in checkpoint.eval_plots:
+            shutil.copy2(plot, folder / EVAL_DIR / plot.name)
+            plots.append(f"{EVAL_DIR}/{plot.name}")
+    card = model_card(checkpoint, repo=repo_id or str(folder), num_parameters=model.num_parameters(),
+                      license=license, datasets=datasets, plots=plots)
+    write_atomic(folder / "README.md", card)
+    return sorted(p for p in folder.rglob("*") if p.is_file())
+
+
+def export_checkpoint(checkpoint: str | Path, out_dir: str | Path, *, repo_id: str | None = None,
+                      license: str = "mit", datasets: list[str] | None = None,
+                      max_shard_size: str | int = DEFAULT_SHARD_SIZE, overwrite: bool = False) -> Path:
+    """Exports ``checkpoint`` to ``out_dir`` (see the module docstring); returns ``out_dir``.
+
+    ``repo_id`` is the repository named in the card's usage snippet (default: ``out_dir`` itself, so the snippet
+    runs as written against the local folder); ``license`` and ``datasets`` go into the card's metadata
+    (``datasets`` defaults to the one named in the training metadata)."""
+    info = read_checkpoint(checkpoint)
+    out = Path(out_dir).absolute()
+    source = info.path.resolve()
+    if out.resolve() == source or source in out.resolve().parents or out.resolve() in source.parents:
+        raise ValueError(f"OUT_DIR {str(out)!r} overlaps the checkpoint {str(source)!r}; export to another folder")
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"OUT_DIR {str(out)!r} is a file; pass a folder path")
+    if out.is_dir() and any(out.iterdir()) and not overwrite:
+        raise ValueError(f"OUT_DIR {str(out)!r} exists and is not empty; pass overwrite=True (--overwrite) "
+                         "to replace it")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.tmp-"))
+    try:
+        write_export(info, tmp, repo_id=repo_id or str(out), license=license, datasets=datasets,
+                     max_shard_size=max_shard_size)
+        _fsync_tree(tmp)
+        old = None
+        if out.exists():
+            old = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.old-"))
+            os.replace(out, old / out.name)
+        os.replace(tmp, out)
+        if old is not None:
+            shutil.rmtree(old)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return out

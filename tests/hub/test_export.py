@@ -1,0 +1,156 @@
+"""`rotarium export`: the folder's contents, the model card, the reverse direction, and safe writing."""
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+import torch
+import yaml
+from transformers import AutoModelForCausalLM
+
+import rotarium
+from rotarium.cli import main
+from rotarium.hub import export as export_module
+from rotarium.hub import export_checkpoint, read_checkpoint
+from rotarium.hub.checkpoint import table_rows
+from tests.hub.helpers import make_checkpoint, write_run_outputs
+from tests.models.helpers import VOCAB
+
+
+def card_header(text: str) -> dict:
+    assert text.startswith("---\n")
+    return yaml.safe_load(text.split("---\n", 2)[1])
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    """A training run folder: metadata and eval outputs beside checkpoint-30/, which holds a tokenizer."""
+    run = tmp_path_factory.mktemp("run")
+    model = make_checkpoint(run / "checkpoint-30", "gla", "selective_rope", tokenizer=True)
+    write_run_outputs(run)
+    return run, model
+
+
+def test_export_folder_and_model_card(run, tmp_path):
+    run, model = run
+    out = export_checkpoint(run / "checkpoint-30", tmp_path / "export", repo_id="someone/gla-tiny")
+    names = {p.relative_to(out).as_posix() for p in out.rglob("*") if p.is_file()}
+    assert {"config.json", "model.safetensors", "generation_config.json", "README.md", "tokenizer.json",
+            "tokenizer_config.json", "modeling_rotarium.py", "configuration_rotarium.py",
+            "eval/perplexity.png"} <= names
+    config = json.loads((out / "config.json").read_text())
+    assert config["auto_map"] == {"AutoConfig": "configuration_rotarium.GLAConfig",
+                                  "AutoModel": "modeling_rotarium.GLAModel",
+                                  "AutoModelForCausalLM": "modeling_rotarium.GLAForCausalLM"}
+    card = (out / "README.md").read_text()
+    meta = card_header(card)
+    assert meta["library_name"] == "transformers" and meta["pipeline_tag"] == "text-generation"
+    assert meta["license"] == "mit" and meta["datasets"] == ["HuggingFaceFW/fineweb-edu"]
+    assert {"rotarium", "gla", "selective-rope", "custom_code"} <= set(meta["tags"])
+    n = model.num_parameters()
+    assert f"| parameters | {n / 1e3:.1f}K ({n:,}) |" in card
+    assert "| position_encoding | selective_rope |" in card
+    assert "Tokens: 30.0K (30,000)." in card  # the last metrics line wins over max_tokens
+    assert "Final training loss at step 30: 3.7." in card
+    assert "| learning_rate | 0.003 |" in card and "optimizer" not in card  # nested values are left out
+    assert "| context_length | perplexity |\n|---|---|\n| 64 | 31.25 |\n| 128 | 30.5 |\n| 256 | 45.125 |" in card
+    assert "![perplexity](eval/perplexity.png)" in card
+    assert 'repo = "someone/gla-tiny"' in card and "AutoTokenizer" in card
+
+
+def test_card_without_metadata_and_cli_options(tmp_path, capsys):
+    make_checkpoint(tmp_path / "ckpt", "transformer", "rove")
+    assert main(["export", str(tmp_path / "ckpt"), str(tmp_path / "out"), "--license", "apache-2.0",
+                 "--dataset", "me/data"]) == 0
+    assert "exported" in capsys.readouterr().out
+    card = (tmp_path / "out" / "README.md").read_text()
+    meta = card_header(card)
+    assert meta["license"] == "apache-2.0" and meta["datasets"] == ["me/data"]
+    assert "## Evaluation" not in card and "Tokens:" not in card
+    assert f'repo = "{tmp_path / "out"}"' in card and "AutoTokenizer" not in card
+
+
+@pytest.mark.parametrize("layout", [
+    [{"context_length": 64, "perplexity": 3.0}],
+    {"rows": [{"context_length": 64, "perplexity": 3.0}]},
+    {"context_length": [64], "perplexity": [3.0]},
+    {"context_length": 64, "perplexity": 3.0},
+])
+def test_eval_table_layouts(layout):
+    assert table_rows(layout) == [{"context_length": 64, "perplexity": 3.0}]
+    assert table_rows({"nested": {"a": 1}}) is None
+
+
+def test_rotarium_loads_exports_with_and_without_code(run, tmp_path):
+    run, model = run
+    ids = torch.randint(0, VOCAB, (2, 9))
+    with torch.no_grad():
+        expected = model(ids).logits
+    out = export_checkpoint(run / "checkpoint-30", tmp_path / "with-code")
+    plain = tmp_path / "without-code"
+    shutil.copytree(out, plain)
+    for f in plain.glob("*.py"):
+        f.unlink()
+    config = json.loads((plain / "config.json").read_text())
+    del config["auto_map"]
+    (plain / "config.json").write_text(json.dumps(config))
+    for folder in (out, plain):
+        loaded = AutoModelForCausalLM.from_pretrained(folder).eval()
+        assert type(loaded) is rotarium.GLAForCausalLM  # rotarium's classes, no remote code
+        with torch.no_grad():
+            assert torch.equal(loaded(ids).logits, expected)
+        # and the folder exports again (an exported checkpoint is a checkpoint)
+        assert read_checkpoint(folder).family == "gla"
+
+
+def test_bf16_is_kept(tmp_path):
+    model = make_checkpoint(tmp_path / "ckpt", "fox", "rope")
+    model.to(torch.bfloat16).save_pretrained(tmp_path / "ckpt")
+    out = export_checkpoint(tmp_path / "ckpt", tmp_path / "out")
+    assert json.loads((out / "config.json").read_text())["dtype"] == "bfloat16"
+
+
+def test_bad_checkpoints_and_targets(tmp_path, capsys):
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ValueError, match="no config.json"):
+        export_checkpoint(tmp_path / "empty", tmp_path / "out")
+    (tmp_path / "other").mkdir()
+    (tmp_path / "other" / "config.json").write_text(json.dumps({"model_type": "llama"}))
+    with pytest.raises(ValueError, match="model_type 'llama'"):
+        export_checkpoint(tmp_path / "other", tmp_path / "out")
+    (tmp_path / "other" / "config.json").write_text(json.dumps({"model_type": "rotarium_gla"}))
+    with pytest.raises(ValueError, match="no weights"):
+        export_checkpoint(tmp_path / "other", tmp_path / "out")
+    with pytest.raises(ValueError, match="not a folder"):
+        export_checkpoint(tmp_path / "missing", tmp_path / "out")
+    assert main(["export", str(tmp_path / "empty"), str(tmp_path / "out")]) == 2
+    assert "rotarium export: error:" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
+
+    make_checkpoint(tmp_path / "ckpt", "deltanet", "nope")
+    with pytest.raises(ValueError, match="overlaps the checkpoint"):
+        export_checkpoint(tmp_path / "ckpt", tmp_path / "ckpt" / "export")
+    (tmp_path / "taken").mkdir()
+    (tmp_path / "taken" / "keep.txt").write_text("mine")
+    with pytest.raises(ValueError, match="not empty"):
+        export_checkpoint(tmp_path / "ckpt", tmp_path / "taken")
+    assert (tmp_path / "taken" / "keep.txt").read_text() == "mine"
+
+
+def test_a_failed_export_leaves_the_previous_one(tmp_path, monkeypatch):
+    make_checkpoint(tmp_path / "ckpt", "gla", "rope")
+    out = export_checkpoint(tmp_path / "ckpt", tmp_path / "out")
+    before = sorted(p.name for p in out.iterdir())
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("disk full")
+
+    monkeypatch.setattr(export_module, "write_export", broken)
+    with pytest.raises(RuntimeError, match="disk full"):
+        export_checkpoint(tmp_path / "ckpt", out, overwrite=True)
+    assert sorted(p.name for p in out.iterdir()) == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt", "out"]  # no temporary folder left behind
+    monkeypatch.undo()
+    export_checkpoint(tmp_path / "ckpt", out, overwrite=True)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt", "out"]

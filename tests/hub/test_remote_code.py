@@ -1,0 +1,95 @@
+"""The bundler: the exported code is generated from rotarium's sources, complete, and free of rotarium / fla."""
+from __future__ import annotations
+
+import ast
+import json
+import subprocess
+import sys
+
+import pytest
+from transformers.dynamic_module_utils import get_imports, get_relative_imports
+
+from rotarium.models import remote_code
+from rotarium.models.remote_code import ENTRY_FILES, bundle, dependencies, flat_name, module_order
+
+ALLOWED = {"torch", "transformers"} | set(sys.stdlib_module_names)
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("bundle")
+    remote_code.write_remote_code(folder)
+    return folder
+
+
+def test_bundle_covers_every_module_the_model_imports():
+    # What importing the model really loads, in a fresh interpreter (the lazy preset import included).
+    script = ("import sys, rotarium.models.modeling, rotarium.models.remote_code, rotarium.configs.presets\n"
+              "print(sorted(m for m in sys.modules if m.split('.')[0] == 'rotarium'))")
+    loaded = set(json.loads(subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                                           check=True).stdout.replace("'", '"')))
+    # Parent packages run only because Python imports parents; the model does not use their code.
+    parents_only = {"rotarium", "rotarium.models", "rotarium.configs"}
+    assert set(module_order()) == loaded - parents_only
+    assert set(ENTRY_FILES) <= set(module_order())
+
+
+def test_modules_come_after_their_dependencies():
+    order = module_order()
+    for position, module in enumerate(order):
+        # lazy imports may close a cycle (configuration <-> presets); top-level ones must point backwards
+        tree = ast.parse(remote_code.module_path(module).read_text())
+        eager = {n.module for n in tree.body if isinstance(n, ast.ImportFrom) and n.module
+                 and n.module.startswith("rotarium.")}
+        assert all(order.index(dep) < position for dep in eager), module
+        assert set(dependencies(module)) <= set(order)
+
+
+def test_bundle_is_self_contained(files):
+    names = {p.name for p in files.glob("*.py")}
+    assert names == set(bundle())
+    for path in files.glob("*.py"):
+        source = path.read_text()
+        tree = ast.parse(source)
+        # what transformers requires to be installed before it runs the file: never rotarium, fla or triton
+        assert set(get_imports(path)) <= ALLOWED, path.name
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and node.level == 0:
+                assert node.module.split(".")[0] != "rotarium", (path.name, node.lineno)
+        for rel in get_relative_imports(path):
+            assert f"{rel}.py" in names, (path.name, rel)
+        assert source.startswith("# Generated from rotarium/")
+
+
+def test_optional_imports_are_wrapped_and_still_reached(files):
+    wrapped = 0
+    for path in files.glob("*.py"):
+        tree = ast.parse(path.read_text())
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Try):
+                body = [n for stmt in node.body for n in ast.walk(stmt)]
+                wrapped += sum(isinstance(n, ast.ImportFrom) and n.module.startswith("fla.") for n in body)
+                # the handler re-raises: the fla path behaves exactly as in rotarium
+                if any(isinstance(n, ast.ImportFrom) and n.module.startswith("fla.") for n in body):
+                    assert any(isinstance(s, ast.Raise) for h in node.handlers for s in h.body)
+    source_fla = sum(path.read_text().count("from fla.") for path in remote_code.PACKAGE_DIR.joinpath("ops").rglob("*.py"))
+    assert wrapped == source_fla > 0
+
+
+def test_unsupported_import_forms_are_refused(tmp_path, monkeypatch):
+    package = tmp_path / "rotarium"
+    (package / "sub").mkdir(parents=True)
+    (package / "__init__.py").write_text("")
+    (package / "sub" / "__init__.py").write_text("")
+    (package / "sub" / "mod.py").write_text("X = 1\n")
+    monkeypatch.setattr(remote_code, "PACKAGE_DIR", package)
+    for text, message in (("import rotarium.sub.mod\n", "cannot be bundled"),
+                          ("from .sub import mod\n", "relative imports"),
+                          ("from rotarium.sub import mod\n", "importing the module")):
+        (package / "bad.py").write_text(text)
+        with pytest.raises(ValueError, match=message):
+            dependencies("rotarium.bad")
+    (package / "good.py").write_text("def f():\n    from rotarium.sub.mod import X as Y\n    return Y\n")
+    assert dependencies("rotarium.good") == ["rotarium.sub.mod"]
+    assert "    from .rotarium_sub_mod import X as Y\n" in remote_code.rewrite("rotarium.good")
+    assert flat_name("rotarium.models.modeling") == "modeling_rotarium.py"
