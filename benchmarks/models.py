@@ -58,13 +58,16 @@ def decode_latency(model, context: int, steps: int) -> float:
     out = model(input_ids=ids, use_cache=True)
     cache = out.cache if hasattr(out, "cache") else out.past_key_values
     token = out.logits[:, -1:].argmax(-1)
-    for _ in range(3):  # warm-up steps, not timed
+    for _ in range(5):  # warm-up steps, not timed
         out = model(input_ids=token, past_key_values=cache, use_cache=True)
-    start = time.perf_counter()
-    for _ in range(steps):
-        out = model(input_ids=token, past_key_values=cache, use_cache=True)
-        token = out.logits[:, -1:].argmax(-1)
-    return (time.perf_counter() - start) / steps
+    best = float("inf")
+    for _ in range(3):  # best of three rounds: the least noisy estimate on a shared machine
+        start = time.perf_counter()
+        for _ in range(steps):
+            out = model(input_ids=token, past_key_values=cache, use_cache=True)
+            token = out.logits[:, -1:].argmax(-1)
+        best = min(best, (time.perf_counter() - start) / steps)
+    return best
 
 
 def main() -> None:
