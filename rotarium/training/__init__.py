@@ -1,0 +1,1 @@
+"""Training: config, data, tokenizer, the accelerate loop (in progress)."""
