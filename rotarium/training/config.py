@@ -71,10 +71,12 @@ class OptimSection:
 class TrainSection:
     batch_size: int = 16  # sequences per process per micro-step
     gradient_accumulation_steps: int = 1
-    max_steps: int = 400
+    global_batch_size: int | None = None  # sequences per optimizer step; sets the accumulation from the processes
+    max_steps: int = 300
     eval_every: int = 50
     eval_batches: int = 8
-    save_every: int = 200
+    save_every: int = 100
+    keep_checkpoints: int = 2  # the newest complete checkpoints kept; older ones are deleted
     log_every: int = 10
     seed: int = 0
     mixed_precision: str = "auto"  # auto (bf16 on GPUs) | no | bf16 | fp16
@@ -207,7 +209,8 @@ def validate(config: Config) -> None:
                        ("train.max_steps", t.max_steps), ("train.gradient_accumulation_steps",
                                                           t.gradient_accumulation_steps),
                        ("train.eval_every", t.eval_every), ("train.save_every", t.save_every),
-                       ("train.log_every", t.log_every), ("tokenizer.vocab_size", config.tokenizer.vocab_size)):
+                       ("train.log_every", t.log_every),
+                       ("train.keep_checkpoints", t.keep_checkpoints), ("train.max_bad_steps", t.max_bad_steps), ("tokenizer.vocab_size", config.tokenizer.vocab_size)):
         if value < 1:
             raise ValueError(f"`{key}` must be a positive integer, got {value}")
     if not 0 < d.validation_fraction < 1:

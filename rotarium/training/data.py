@@ -50,8 +50,9 @@ def _local_files(source: str) -> tuple[str, list[str]]:
     return kinds.pop(), [str(p) for p in files]
 
 
-def iter_documents(cfg: DataSection) -> Iterable[str]:
-    """Every document's text, in a fixed order. Raises ``ValueError`` for a missing file or a missing text field."""
+def iter_documents(cfg: DataSection, seed: int = 0) -> Iterable[str]:
+    """Every document's text, in a fixed order (a stream is shuffled through a ``shuffle_buffer`` seeded by
+    ``seed``). Raises ``ValueError`` for a missing file or a missing text field."""
     if cfg.source == "embedded":
         return embedded_documents()
     import datasets
@@ -73,6 +74,8 @@ def iter_documents(cfg: DataSection) -> Iterable[str]:
         except Exception as error:  # datasets raises many types (FileNotFoundError, ConnectionError, ...)
             raise ValueError(f"`data.source={cfg.source}` is not a local file and could not be opened from the "
                              f"Hub: {error}") from error
+    if cfg.streaming and cfg.shuffle_buffer > 1:
+        dataset = dataset.shuffle(seed=seed, buffer_size=cfg.shuffle_buffer)
     columns = dataset.column_names
     if columns is not None and cfg.text_field not in columns:
         raise ValueError(f"`data.text_field={cfg.text_field}` is not a column of {cfg.source}; columns: {columns}")
@@ -123,13 +126,12 @@ def tokenize(tokenizer, documents: Iterable[str], batch: int = 256) -> Iterator[
 
 def pack_all(tokenizer, documents: Iterable[str], seq_len: int, what: str) -> PackedSequences:
     rows, starts = [], []
-    total = 0
     for tokens, doc_starts in pack(tokenize(tokenizer, documents), seq_len, tokenizer.eos_token_id):
         rows.append(tokens)
         starts.append(doc_starts)
     if not rows:
         raise ValueError(f"the {what} text is too short for one training sequence of `data.seq_len={seq_len}` "
-                         f"tokens{'' if total else ''}; give more text or a smaller seq_len")
+                         "tokens; give more text or a smaller seq_len")
     return PackedSequences(torch.tensor(rows, dtype=torch.long), starts)
 
 

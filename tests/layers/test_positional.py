@@ -6,8 +6,7 @@ import torch
 import torch.nn.functional as F
 
 from rotarium.layers import HeadDims, PositionalSettings, SequenceInfo, build_mixer, build_positional
-from rotarium.layers.positional import apply_rotary
-from rotarium.ops import chunk_gla, parallel_forgetting_attn
+from rotarium.ops import chunk_gla
 from tests.layers.helpers import FAMILIES, HIDDEN, make_mixer, run
 
 T = 24

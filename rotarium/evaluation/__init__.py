@@ -1,0 +1,1 @@
+"""Evaluation of trained checkpoints: perplexity against context length, and text generation."""

@@ -1,0 +1,96 @@
+"""``rotarium eval`` (perplexity against context length) and ``rotarium generate``."""
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+
+def _lengths(text: str) -> list[int]:
+    try:
+        values = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--context-lengths takes integers separated by commas, got {text!r}")
+    if not values or min(values) < 2:
+        raise argparse.ArgumentTypeError(f"--context-lengths must be integers >= 2, got {text!r}")
+    return values
+
+
+def run_eval(args: argparse.Namespace) -> int:
+    from rotarium.evaluation.generate import load_checkpoint
+    from rotarium.evaluation.perplexity import (
+        evaluation_documents,
+        format_table,
+        perplexity_by_context,
+        save_results,
+        stream_tokens,
+    )
+
+    model, tokenizer = load_checkpoint(args.model, device=args.device)
+    documents, description = evaluation_documents(args.data, args.model if Path(args.model).exists() else None)
+    tokens = stream_tokens(tokenizer, documents)
+    train_length = getattr(model.config, "max_position_embeddings", None)
+    lengths = args.context_lengths or sorted({max(2, train_length // 2 if train_length else 64), *(
+        (train_length * m for m in (1, 2, 4)) if train_length else (128, 256, 512))})
+    rows = perplexity_by_context(model, tokens, lengths, max_tokens=args.max_tokens, batch_size=args.batch_size)
+    print(f"{args.model} on {description} ({tokens.numel()} tokens):")
+    print(format_table(rows, train_length))
+    output = Path(args.output_dir) if args.output_dir else (Path(args.model) / "eval" if Path(args.model).exists()
+                                                              else Path("eval"))
+    table, plot = save_results(rows, output, title=f"{Path(args.model).name}: perplexity on {description}",
+                               train_length=train_length)
+    print(f"wrote {table} and {plot}")
+    return 0
+
+
+def run_generate(args: argparse.Namespace) -> int:
+    from rotarium.evaluation.generate import generate_text, load_checkpoint
+
+    model, tokenizer = load_checkpoint(args.model, device=args.device)
+    texts = generate_text(model, tokenizer, args.prompt, max_new_tokens=args.max_new_tokens,
+                          do_sample=not args.greedy, temperature=args.temperature, top_k=args.top_k,
+                          top_p=args.top_p, repetition_penalty=args.repetition_penalty,
+                          num_return_sequences=args.num_return_sequences, seed=args.seed)
+    if args.json:
+        print(json.dumps(texts))
+    else:
+        print("\n\n---\n\n".join(texts))
+    return 0
+
+
+def add_commands(subparsers) -> None:
+    ev = subparsers.add_parser(
+        "eval", help="validation perplexity at several context lengths (table + PNG)",
+        description="Perplexity of a checkpoint at several context lengths, including lengths beyond the training "
+                    "length (the length-extrapolation curve). Writes eval/perplexity.json and eval/perplexity.png "
+                    "into the checkpoint folder (or --output-dir).")
+    ev.add_argument("--model", required=True, help="checkpoint folder (e.g. runs/default/final) or Hub id")
+    ev.add_argument("--data", default="validation",
+                    help="'validation': the documents the checkpoint's training run held out (default); "
+                         "'embedded': the embedded corpus; or a local .txt/.jsonl/.parquet file or folder")
+    ev.add_argument("--context-lengths", type=_lengths, default=None,
+                    help="comma-separated lengths, e.g. 128,256,512 (default: half, 1x, 2x and 4x the "
+                         "training length)")
+    ev.add_argument("--max-tokens", type=int, default=65536,
+                    help="tokens scored per context length (default 65536)")
+    ev.add_argument("--batch-size", type=int, default=8, help="windows per forward pass (default 8)")
+    ev.add_argument("--output-dir", default=None, help="where to write the table and plot (default MODEL/eval)")
+    ev.add_argument("--device", default=None, help="cpu, cuda, cuda:1, ... (default: cuda when available)")
+    ev.set_defaults(func=run_eval)
+
+    gen = subparsers.add_parser(
+        "generate", help="sample a continuation of a prompt",
+        description="Continue --prompt with a checkpoint (sampling with temperature / top-k / top-p, or greedy).")
+    gen.add_argument("--model", required=True, help="checkpoint folder or Hub id")
+    gen.add_argument("--prompt", required=True, help="the text to continue")
+    gen.add_argument("--max-new-tokens", type=int, default=64, help="tokens to generate (default 64)")
+    gen.add_argument("--greedy", action="store_true", help="greedy decoding instead of sampling")
+    gen.add_argument("--temperature", type=float, default=0.8, help="sampling temperature (default 0.8)")
+    gen.add_argument("--top-k", type=int, default=50, help="sample among the k likeliest tokens (default 50; 0 off)")
+    gen.add_argument("--top-p", type=float, default=0.95, help="nucleus sampling mass (default 0.95; 1 off)")
+    gen.add_argument("--repetition-penalty", type=float, default=1.0, help="> 1 discourages repeats (default 1)")
+    gen.add_argument("--num-return-sequences", type=int, default=1, help="samples to draw (default 1)")
+    gen.add_argument("--seed", type=int, default=0, help="random seed for sampling (default 0)")
+    gen.add_argument("--json", action="store_true", help="print the samples as a JSON list")
+    gen.add_argument("--device", default=None, help="cpu, cuda, ... (default: cuda when available)")
+    gen.set_defaults(func=run_generate)

@@ -1,0 +1,51 @@
+"""Loading a checkpoint with its tokenizer, and sampling text from it."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+
+def load_checkpoint(path: str, device: str | None = None, dtype: torch.dtype | None = None):
+    """``(model, tokenizer)`` from a ``save_pretrained`` folder or Hub id, through the Auto classes."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    import rotarium  # noqa: F401  (registers the Auto classes)
+
+    if not Path(path).exists() and (path.startswith((".", "/", "~")) or Path(path).suffix):
+        raise ValueError(f"--model {path}: no such folder")
+    try:
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
+    except (OSError, ValueError) as error:
+        raise ValueError(f"--model {path} could not be loaded as a causal LM: {error}") from error
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(path)
+    except (OSError, ValueError) as error:
+        raise ValueError(f"--model {path} has no tokenizer (rotarium train saves one with every checkpoint): "
+                         f"{error}") from error
+    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    return model.to(device).eval(), tokenizer
+
+
+@torch.no_grad()
+def generate_text(model, tokenizer, prompt: str, *, max_new_tokens: int = 64, do_sample: bool = True,
+                  temperature: float = 0.8, top_k: int = 50, top_p: float = 0.95, repetition_penalty: float = 1.0,
+                  num_return_sequences: int = 1, seed: int | None = 0) -> list[str]:
+    """Continuations of ``prompt`` (prompt included), sampled (or greedy with ``do_sample=False``)."""
+    if max_new_tokens < 1:
+        raise ValueError(f"--max-new-tokens must be >= 1, got {max_new_tokens}")
+    if do_sample and temperature <= 0:
+        raise ValueError(f"--temperature must be > 0 when sampling, got {temperature} (use --greedy instead)")
+    if seed is not None:
+        torch.manual_seed(seed)
+    device = next(model.parameters()).device
+    ids = tokenizer(prompt, return_tensors="pt", add_special_tokens=False)["input_ids"]
+    if ids.numel() == 0:
+        ids = torch.tensor([[tokenizer.bos_token_id if tokenizer.bos_token_id is not None
+                             else tokenizer.eos_token_id]])
+    sampling = {"temperature": temperature, "top_k": top_k, "top_p": top_p} if do_sample else {}
+    out = model.generate(ids.to(device), attention_mask=torch.ones_like(ids).to(device),
+                         max_new_tokens=max_new_tokens, do_sample=do_sample, repetition_penalty=repetition_penalty,
+                         num_return_sequences=num_return_sequences, pad_token_id=tokenizer.pad_token_id,
+                         eos_token_id=tokenizer.eos_token_id, **sampling)
+    return tokenizer.batch_decode(out, skip_special_tokens=True)

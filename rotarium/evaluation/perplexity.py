@@ -1,0 +1,132 @@
+"""Perplexity against context length: the length-extrapolation curve of the papers.
+
+The text is one token stream (documents joined by blank lines, so a context can span several); for a context length
+L it is cut into non-overlapping windows of L tokens and every prediction in every window is scored. Each length
+scores the same tokens where the text allows (``max_tokens`` of them), so the numbers differ only by how much
+context the model gets, up to the window's own length.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+
+
+def stream_tokens(tokenizer, texts: list[str]) -> torch.Tensor:
+    ids: list[int] = []
+    for text in texts:
+        ids.extend(tokenizer("\n\n" + text if ids else text, add_special_tokens=False)["input_ids"])
+    return torch.tensor(ids, dtype=torch.long)
+
+
+@torch.no_grad()
+def perplexity_by_context(model, tokens: torch.Tensor, context_lengths: list[int], *, max_tokens: int = 65536,
+                          batch_size: int = 8, progress: bool = True) -> list[dict[str, Any]]:
+    """``tokens`` ``[N]``: for each L in ``context_lengths``, the mean loss over windows of L tokens of the first
+    ``max_tokens`` (rounded down to whole windows; at least one window). Rows: context_length, windows, tokens,
+    loss, perplexity. Lengths longer than the text are reported with ``windows = 0``."""
+    from tqdm.auto import tqdm
+
+    if tokens.ndim != 1:
+        raise ValueError(f"tokens must be 1-D, got shape {tuple(tokens.shape)}")
+    if not context_lengths or any(not isinstance(L, int) or L < 2 for L in context_lengths):
+        raise ValueError(f"context lengths must be integers >= 2, got {context_lengths}")
+    device = next(model.parameters()).device
+    was_training = model.training
+    model.eval()
+    rows = []
+    for L in sorted(context_lengths):
+        budget = max(max_tokens, L)
+        n_windows = min(tokens.numel(), budget) // L
+        if n_windows == 0:
+            rows.append({"context_length": L, "windows": 0, "tokens": 0, "loss": None, "perplexity": None})
+            continue
+        windows = tokens[:n_windows * L].view(n_windows, L)
+        total, count = 0.0, 0
+        for first in tqdm(range(0, n_windows, batch_size), desc=f"eval L={L}", disable=not progress, leave=False):
+            batch = windows[first:first + batch_size].to(device)
+            logits = model(input_ids=batch, use_cache=False).logits.float()
+            loss = torch.nn.functional.cross_entropy(logits[:, :-1].flatten(0, 1), batch[:, 1:].flatten(),
+                                                     reduction="sum")
+            total += float(loss)
+            count += batch[:, 1:].numel()
+        mean = total / count
+        rows.append({"context_length": L, "windows": n_windows, "tokens": count, "loss": round(mean, 5),
+                     "perplexity": round(math.exp(min(mean, 50.0)), 3)})
+    model.train(was_training)
+    return rows
+
+
+def format_table(rows: list[dict[str, Any]], train_length: int | None = None) -> str:
+    lines = ["| context | windows | loss | perplexity |", "|---:|---:|---:|---:|"]
+    for r in rows:
+        mark = " (beyond training)" if train_length and r["context_length"] > train_length else ""
+        loss = "-" if r["loss"] is None else f"{r['loss']:.4f}"
+        ppl = "-" if r["perplexity"] is None else f"{r['perplexity']:.2f}"
+        lines.append(f"| {r['context_length']}{mark} | {r['windows']} | {loss} | {ppl} |")
+    return "\n".join(lines)
+
+
+def save_results(rows: list[dict[str, Any]], folder: str | os.PathLike, *, title: str,
+                 train_length: int | None = None) -> tuple[Path, Path]:
+    """``folder/perplexity.json`` (the rows) and ``folder/perplexity.png`` (perplexity against context length, the
+    training length marked)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    table = folder / "perplexity.json"
+    tmp = folder / ".perplexity.json.tmp"
+    tmp.write_text(json.dumps(rows, indent=2) + "\n")
+    tmp.replace(table)
+    points = [(r["context_length"], r["perplexity"]) for r in rows if r["perplexity"] is not None]
+    fig, ax = plt.subplots(figsize=(6, 4))
+    if points:
+        ax.plot(*zip(*points), marker="o")
+    if train_length:
+        ax.axvline(train_length, color="gray", linestyle="--", label=f"training length {train_length}")
+        ax.legend()
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("context length (tokens)")
+    ax.set_ylabel("perplexity")
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    plot = folder / "perplexity.png"
+    fig.savefig(plot, dpi=120)
+    plt.close(fig)
+    return table, plot
+
+
+def evaluation_documents(data: str, model_dir: str | os.PathLike | None = None) -> tuple[list[str], str]:
+    """The texts to score and a description. ``data``: ``validation`` (the documents the checkpoint's training run
+    held out, re-derived from its ``training_args.json``; the embedded corpus's split when there is none),
+    ``embedded`` (the whole embedded corpus), or a local text / JSON Lines / Parquet file or folder."""
+    from rotarium.training.config import DataSection, TrainSection
+    from rotarium.training.data import iter_documents, split_documents
+
+    if data == "validation":
+        args: dict[str, Any] = {}
+        for folder in (Path(model_dir), Path(model_dir).parent) if model_dir else ():
+            if (folder / "training_args.json").is_file():
+                args = json.loads((folder / "training_args.json").read_text())
+                break
+        section = DataSection(**{k[5:]: v for k, v in args.items() if k.startswith("data.")
+                                 and k[5:] in DataSection.__dataclass_fields__})
+        seed = args.get("train.seed", TrainSection().seed)
+        if section.streaming:
+            from itertools import islice
+
+            return list(islice(iter(iter_documents(section)), section.validation_documents)), \
+                f"{section.source} (held-out documents)"
+        documents = list(iter_documents(section))
+        return split_documents(documents, section.validation_fraction, seed)[1], f"{section.source} (validation split)"
+    section = DataSection(source=data)
+    return list(iter_documents(section)), data

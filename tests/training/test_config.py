@@ -1,0 +1,78 @@
+import pytest
+
+from rotarium.training.config import Config, load_config, parse_overrides, recipe_names
+from rotarium.training.trainer import accumulation_steps
+
+
+def test_default_is_the_embedded_selective_rope_gla():
+    config = load_config()
+    assert config.model.family == "gla" and config.model.position_encoding == "selective_rope"
+    assert config.data.source == "embedded" and config.tokenizer.name is None
+
+
+def test_overrides_parse_and_coerce():
+    overrides = parse_overrides(["--optim.lr", "1e-3", "--train.seed=3", "--eval.context_lengths", "[32, 64]",
+                                 "--model.options.rope_theta", "500", "--train.report_to", "[tensorboard]"])
+    config = load_config(None, overrides)
+    assert config.optim.lr == 1e-3 and config.train.seed == 3 and config.eval.context_lengths == [32, 64]
+    assert config.model.options == {"rope_theta": 500} and config.train.report_to == ["tensorboard"]
+
+
+@pytest.mark.parametrize("overrides, message", [
+    ({"optim.lrr": "1"}, "optim.lrr"),
+    ({"nosection.lr": "1"}, "nosection.lr"),
+    ({"train.max_steps": "many"}, "train.max_steps"),
+    ({"train.max_steps": "0"}, "train.max_steps"),
+    ({"optim.schedule": "linear"}, "optim.schedule"),
+    ({"model.preset": "gla-7b"}, "model.preset"),
+    ({"model.family": "mamba"}, "model.family"),
+    ({"data.validation_fraction": "1.5"}, "data.validation_fraction"),
+    ({"model.gradient_checkpointing": "maybe"}, "model.gradient_checkpointing"),
+])
+def test_bad_overrides_name_the_key(overrides, message):
+    with pytest.raises(ValueError, match=message.replace(".", r"\.")):
+        load_config(None, overrides)
+
+
+def test_missing_or_unknown_config_file(tmp_path):
+    with pytest.raises(ValueError, match="no such file"):
+        load_config(str(tmp_path / "missing.yaml"))
+    with pytest.raises(ValueError, match="neither a YAML file nor a recipe"):
+        load_config("gla-7b-rope")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("- a list\n")
+    with pytest.raises(ValueError, match="mapping"):
+        load_config(str(bad))
+
+
+def test_override_syntax_errors():
+    with pytest.raises(ValueError, match="needs a value"):
+        parse_overrides(["--optim.lr"])
+    with pytest.raises(ValueError, match="unexpected argument"):
+        parse_overrides(["lr"])
+
+
+def test_recipes_cover_every_family_size_and_position():
+    names = recipe_names()
+    assert len(names) == 32
+    for family in ("gla", "fox", "deltanet", "transformer"):
+        for size, tokens in (("370m", 10e9), ("1.3b", 26e9)):
+            for position in ("nope", "rope", "rove", "selective_rope"):
+                config = load_config(f"{family}-{size}-{position.replace('_', '-')}")
+                assert config.model.preset == f"{family}-{size}"
+                assert config.model.position_encoding == position
+                assert config.data.streaming and "fineweb-edu" in config.data.source
+                assert config.data.seq_len == 2048 and config.optim.betas == [0.9, 0.95]
+                per_step = config.train.global_batch_size * config.data.seq_len
+                assert per_step == 524288  # about 0.5M tokens a step
+                assert abs(per_step * config.train.max_steps - tokens) / tokens < 0.01
+                assert config.optim.schedule == "cosine" and config.train.mixed_precision == "bf16"
+                assert accumulation_steps(config, 8) == 2 and accumulation_steps(config, 16) == 1
+
+
+def test_global_batch_must_divide():
+    config = Config()
+    config.train.global_batch_size, config.train.batch_size = 48, 16
+    assert accumulation_steps(config, 1) == 3
+    with pytest.raises(ValueError, match="global_batch_size"):
+        accumulation_steps(config, 2)

@@ -1,0 +1,109 @@
+import json
+
+import pytest
+import torch
+
+from rotarium.training.config import DataSection
+from rotarium.training.data import (
+    BatchSchedule,
+    PackedSequences,
+    collate,
+    embedded_documents,
+    iter_documents,
+    pack,
+    split_documents,
+    validation_batches,
+)
+from rotarium.training.tokenizer import load_tokenizer, train_bpe
+
+
+def test_embedded_corpus_is_real_english_text():
+    docs = embedded_documents()
+    assert len(docs) > 200 and sum(map(len, docs)) > 400_000
+    assert any("The \"for\" statement" in d for d in docs)
+
+
+def test_pack_keeps_document_starts_and_continues_cut_documents():
+    docs = [[10, 11, 12], [20, 21], [30, 31, 32, 33, 34]]
+    rows = list(pack(docs, seq_len=4, eos_id=2))
+    # stream: 10 11 12 2 | 20 21 2 30 | 31 32 33 34 | (2 dropped)
+    assert rows == [([10, 11, 12, 2], []), ([20, 21, 2, 30], [3]), ([31, 32, 33, 34], [])]
+
+
+def test_collate_marks_every_sequence_and_document_start():
+    tokens = torch.arange(8).view(2, 4)
+    batch = collate(tokens, [[2], []])
+    assert batch["input_ids"].shape == (1, 8)
+    assert batch["cu_seqlens"].tolist() == [0, 2, 4, 8]
+    assert torch.equal(batch["labels"], batch["input_ids"])
+
+
+def test_split_is_seeded_and_disjoint():
+    docs = [f"doc {i}" for i in range(100)]
+    train, val = split_documents(docs, 0.1, seed=0)
+    assert len(val) == 10 and not set(train) & set(val) and len(train) + len(val) == 100
+    assert split_documents(docs, 0.1, seed=0) == (train, val)
+    assert split_documents(docs, 0.1, seed=1)[1] != val
+    with pytest.raises(ValueError, match="at least 2"):
+        split_documents(["one"], 0.1, 0)
+
+
+def _data(n=23, T=4):
+    return PackedSequences(torch.arange(n * T).view(n, T), [[] for _ in range(n)])
+
+
+def test_batch_schedule_is_a_function_of_the_step_and_ranks_are_disjoint():
+    data = _data(32)  # 4 global batches an epoch (a batch straddling two epochs may repeat a sequence)
+    ranks = [BatchSchedule(data, batch_size=2, accum=2, world=2, rank=r, seed=5) for r in range(2)]
+    for step in range(4):
+        seen = [i for s in ranks for a in range(2) for i in s.indices(step, a)]
+        assert len(seen) == len(set(seen)) == 8
+    fresh = BatchSchedule(data, batch_size=2, accum=2, world=2, rank=1, seed=5)
+    assert fresh.indices(3, 1) == ranks[1].indices(3, 1)  # no state: a resumed run gets the same batches
+    one_epoch = [i for step in range(23) for i in BatchSchedule(_data(), 1, 1, 1, 0, 5).indices(step, 0)]
+    assert sorted(one_epoch) == list(range(23))
+
+
+def test_validation_batches_split_between_ranks():
+    data = _data(10)
+    both = [validation_batches(data, 2, 5, world=2, rank=r) for r in range(2)]
+    assert len(both[0]) == len(both[1]) == 3 or len(both[0]) + len(both[1]) == 5
+    ids = [int(x) for batches in both for b in batches for x in b["input_ids"].flatten()]
+    assert len(ids) == len(set(ids))
+
+
+def test_local_formats(tmp_path):
+    (tmp_path / "a.txt").write_text("first doc\n\n\nsecond doc")
+    assert list(iter_documents(DataSection(source=str(tmp_path / "a.txt")))) == ["first doc", "second doc"]
+    jsonl = tmp_path / "b.jsonl"
+    jsonl.write_text("\n".join(json.dumps({"body": t}) for t in ["one", "two", ""]))
+    assert list(iter_documents(DataSection(source=str(jsonl), text_field="body"))) == ["one", "two"]
+    with pytest.raises(ValueError, match="data.text_field"):
+        list(iter_documents(DataSection(source=str(jsonl))))
+    import pandas as pd
+
+    pd.DataFrame({"text": ["p1", "p2"]}).to_parquet(tmp_path / "c.parquet")
+    assert list(iter_documents(DataSection(source=str(tmp_path / "c.parquet")))) == ["p1", "p2"]
+
+
+def test_missing_and_mixed_sources(tmp_path):
+    with pytest.raises(ValueError, match="no such file"):
+        iter_documents(DataSection(source=str(tmp_path / "nothing.jsonl")))
+    (tmp_path / "a.txt").write_text("x")
+    (tmp_path / "b.jsonl").write_text('{"text": "y"}')
+    with pytest.raises(ValueError, match="one of"):
+        iter_documents(DataSection(source=str(tmp_path)))
+
+
+def test_trained_tokenizer_round_trips_and_reloads(tmp_path):
+    docs = embedded_documents()[:30]
+    tokenizer = train_bpe(docs, vocab_size=400)
+    assert (tokenizer.pad_token_id, tokenizer.bos_token_id, tokenizer.eos_token_id) == (0, 1, 2)
+    assert len(tokenizer) <= 400
+    text = "def f(x):\n    return x ** 2  # ünïcode"
+    ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+    assert tokenizer.decode(ids) == text
+    tokenizer.save_pretrained(tmp_path)
+    assert load_tokenizer(str(tmp_path))(text, add_special_tokens=False)["input_ids"] == ids
+    with pytest.raises(ValueError, match="tokenizer.name"):
+        load_tokenizer(str(tmp_path / "missing"))

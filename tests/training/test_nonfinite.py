@@ -1,0 +1,51 @@
+"""A non-finite loss skips the step; too many in a row stop the run with the last good checkpoint named."""
+import math
+
+import pytest
+import torch
+
+from rotarium.models.modeling import RotariumForCausalLM
+from rotarium.training.config import load_config
+from rotarium.training.trainer import Trainer, TrainingDiverged, latest_checkpoint
+
+from .conftest import TINY
+
+
+def _config(corpus, **extra):
+    return load_config(None, {**TINY, "data.source": str(corpus), **extra})
+
+
+def _poison(monkeypatch, bad_calls):
+    original = RotariumForCausalLM.forward
+    calls = [0]
+
+    def forward(self, *args, **kwargs):
+        out = original(self, *args, **kwargs)
+        if self.training:
+            calls[0] += 1
+            if calls[0] in bad_calls:
+                out.loss = out.loss * float("nan")
+        return out
+
+    monkeypatch.setattr(RotariumForCausalLM, "forward", forward)
+
+
+def test_a_nan_step_is_skipped(corpus, tmp_path, monkeypatch):
+    _poison(monkeypatch, {3, 4})
+    trainer = Trainer(_config(corpus, **{"train.max_steps": 6}), tmp_path / "run")
+    with pytest.warns(RuntimeWarning, match="non-finite"):
+        result = trainer.train()
+    assert result.skipped_steps == 2 and result.steps == 6
+    assert math.isfinite(result.last_val_loss)
+    for p in trainer.accelerator.unwrap_model(trainer.model).parameters():
+        assert torch.isfinite(p).all()
+
+
+def test_too_many_bad_steps_stop_with_the_last_checkpoint(corpus, tmp_path, monkeypatch):
+    _poison(monkeypatch, set(range(5, 100)))
+    config = _config(corpus, **{"train.max_steps": 12, "train.save_every": 3, "train.max_bad_steps": 4})
+    trainer = Trainer(config, tmp_path / "run")
+    with pytest.warns(RuntimeWarning), pytest.raises(TrainingDiverged, match="step-3"):
+        trainer.train()
+    assert latest_checkpoint(tmp_path / "run").name == "step-3"  # steps 4.. were bad: no checkpoint saved after
+    assert not (tmp_path / "run" / "final").exists()
