@@ -5,7 +5,8 @@ A checkpoint is a folder written by ``save_pretrained`` of a rotarium model: ``c
 ``pytorch_model.bin`` / its index). Optional files, used when present:
 
 - tokenizer files (:data:`TOKENIZER_FILES`) and ``generation_config.json``, in the checkpoint folder;
-- training metadata, in the checkpoint folder or else its parent (a run folder holding ``checkpoint-*/``):
+- training metadata, in the checkpoint folder or else its parent (a run folder holding ``checkpoint-*/`` or
+  ``final/``), or the run folder of ``rotarium train``'s ``<run>/checkpoints/step-<N>/``:
   ``training_args.json`` (one JSON object; ``dataset`` or ``dataset_name`` is a Hub dataset id, ``tokens`` /
   ``total_tokens`` / ``tokens_seen`` / ``max_tokens`` the number of training tokens; every scalar entry is listed
   in the card) and ``metrics.jsonl`` (one JSON object a line; the last line's ``tokens`` / ``tokens_seen``,
@@ -84,7 +85,10 @@ def _read_json(path: Path, what: str) -> Any:
 
 
 def _find(checkpoint: Path, name: str) -> Path | None:
-    for folder in (checkpoint, checkpoint.parent):
+    folders = [checkpoint, checkpoint.parent]
+    if checkpoint.parent.name == "checkpoints":  # `rotarium train`'s <run>/checkpoints/step-<N>/: the run folder
+        folders.append(checkpoint.parent.parent)
+    for folder in folders:
         if (folder / name).exists():
             return folder / name
     return None

@@ -154,3 +154,12 @@ def test_a_failed_export_leaves_the_previous_one(tmp_path, monkeypatch):
     monkeypatch.undo()
     export_checkpoint(tmp_path / "ckpt", out, overwrite=True)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt", "out"]
+
+
+def test_metadata_of_a_rotarium_train_checkpoint_is_found_in_its_run_folder(tmp_path):
+    """`rotarium train` writes <run>/checkpoints/step-<N>/ with metrics.jsonl and eval/ in <run>."""
+    make_checkpoint(tmp_path / "run" / "checkpoints" / "step-30", "gla", "rope")
+    write_run_outputs(tmp_path / "run")
+    checkpoint = read_checkpoint(tmp_path / "run" / "checkpoints" / "step-30")
+    assert checkpoint.last_metrics["step"] == 30
+    assert checkpoint.training_args["dataset"] == "HuggingFaceFW/fineweb-edu"

@@ -1,0 +1,155 @@
+"""``rotarium synthetic TASK`` (one run) and ``rotarium synthetic sweep TASK`` (every family x positional option)."""
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+import sys
+
+import yaml
+
+EPILOG = """\
+tasks (CPU defaults in brackets; --paper switches to the paper setting where it differs):
+  mqar     multi-query associative recall [length 64, 8 pairs, vocabulary 64; paper: 512, 64 pairs, 8192]
+  copying  copy a string of 26 letters, trained on lengths 2-64, evaluated at 64, 128, 256, 512
+  s2       word problem of S2 (parity), 1 layer, trained at length 128, evaluated at 128 and 512
+  a3       word problem of A3 (= Z3), same settings as s2
+
+examples:
+  rotarium synthetic s2 --family transformer --position selective_rope --option selective_rope_decay=false
+  rotarium synthetic sweep copying --output-dir docs/synthetic
+"""
+
+
+def _csv(choices: tuple[str, ...]):
+    def parse(text: str) -> list[str]:
+        values = [v.strip() for v in text.split(",") if v.strip()]
+        bad = [v for v in values if v not in choices]
+        if bad or not values:
+            raise argparse.ArgumentTypeError(f"choose among {', '.join(choices)}; got {text!r}")
+        return values
+    return parse
+
+
+def _ints(text: str) -> list[int]:
+    try:
+        values = [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected integers separated by commas, got {text!r}") from None
+    if not values or min(values) < 1:
+        raise argparse.ArgumentTypeError(f"expected positive integers, got {text!r}")
+    return values
+
+
+def _option(text: str) -> tuple[str, object]:
+    if "=" not in text:
+        raise argparse.ArgumentTypeError(f"--option takes KEY=VALUE (a model-config field), got {text!r}")
+    key, value = text.split("=", 1)
+    return key.strip(), yaml.safe_load(value)
+
+
+def _common(parser: argparse.ArgumentParser) -> None:
+    from rotarium.synthetic.runner import FAMILIES, POSITIONS
+
+    size = parser.add_argument_group("model and training (default: the task's CPU setting)")
+    size.add_argument("--layers", type=int, default=None, help="number of blocks")
+    size.add_argument("--hidden-size", type=int, default=None, help="model width")
+    size.add_argument("--heads", type=int, default=None, help="attention / recurrent heads")
+    size.add_argument("--steps", type=int, default=None, help="training steps (a fresh batch each)")
+    size.add_argument("--batch-size", type=int, default=None, help="sequences per step and per evaluation batch")
+    size.add_argument("--lr", type=float, default=None, help="peak learning rate (warmup 10%%, cosine to 10%%)")
+    size.add_argument("--option", type=_option, action="append", default=[], metavar="KEY=VALUE",
+                      help="a model-config field, e.g. selective_rope_decay=false or rope_theta=500 (repeatable)")
+    task = parser.add_argument_group("task")
+    task.add_argument("--train-length", type=int, default=None,
+                      help="training sequence length (copying: the longest string; s2/a3: the word length)")
+    task.add_argument("--eval-lengths", type=_ints, default=None, help="comma-separated evaluation lengths")
+    task.add_argument("--num-pairs", type=int, default=None, help="mqar: key-value pairs per sequence")
+    task.add_argument("--vocab-size", type=int, default=None, help="mqar: vocabulary size")
+    task.add_argument("--paper", action="store_true", help="the paper's task setting (mqar: 512 tokens, 64 pairs)")
+    task.add_argument("--eval-batches", type=int, default=4, help="evaluation batches per length (default 4)")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the model and the training batches")
+    parser.add_argument("--device", default="cpu", help="cpu, cuda, ... (default cpu)")
+    parser.set_defaults(families=FAMILIES, positions=POSITIONS)
+
+
+def add_commands(subparsers) -> None:
+    from rotarium.synthetic.runner import FAMILIES, POSITIONS
+    from rotarium.synthetic.tasks import TASKS
+
+    synthetic = subparsers.add_parser(
+        "synthetic", help="train small models on MQAR, copying or state tracking and report accuracy",
+        description="Synthetic tasks generated on the fly (no data files): one run, or a sweep over every "
+                    "family x positional option that writes a Markdown table, a CSV and a PNG plot.",
+        epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    tasks = synthetic.add_subparsers(dest="synthetic_command", metavar="TASK")
+    for name, spec in TASKS.items():
+        run = tasks.add_parser(name, help=spec.description, description=f"One run of {name}: {spec.description}.")
+        run.add_argument("--family", choices=FAMILIES, default="transformer", help="model family")
+        run.add_argument("--position", choices=POSITIONS, default="selective_rope", help="positional option")
+        run.add_argument("--json", action="store_true", help="print the result as JSON")
+        _common(run)
+        run.set_defaults(func=run_one, task=name)
+    sweep = tasks.add_parser("sweep", help="every family x positional option of a task: table, CSV, plot",
+                             description="Runs every family x positional option of TASK and writes TASK.md, "
+                                         "TASK.csv and TASK.png into --output-dir. Finished runs are saved as they "
+                                         "end; running it again skips combinations already there (--rerun: not).")
+    sweep.add_argument("task", choices=list(TASKS), help="the task")
+    sweep.add_argument("--families", type=_csv(FAMILIES), default=list(FAMILIES),
+                       help=f"comma-separated subset of {','.join(FAMILIES)}")
+    sweep.add_argument("--positions", type=_csv(POSITIONS), default=list(POSITIONS),
+                       help=f"comma-separated subset of {','.join(POSITIONS)}")
+    sweep.add_argument("--output-dir", default="docs/synthetic", help="where the table, CSV and plot go")
+    sweep.add_argument("--rerun", action="store_true", help="run every combination again")
+    _common(sweep)
+    sweep.set_defaults(func=run_sweep)
+    synthetic.set_defaults(func=lambda args: synthetic.print_help() or 2)
+
+
+def _settings(args: argparse.Namespace, family: str = "transformer", position: str = "selective_rope"):
+    from rotarium.synthetic.runner import RunSettings
+    from rotarium.synthetic.tasks import TASKS
+
+    paper = TASKS[args.task].paper if args.paper else {}
+    pick = lambda name, value: value if value is not None else paper.get(name)  # noqa: E731
+    return RunSettings(
+        task=args.task, family=family, position=position, num_layers=args.layers, hidden_size=args.hidden_size,
+        num_heads=args.heads, steps=args.steps, batch_size=args.batch_size, lr=args.lr,
+        train_length=pick("train_length", args.train_length), eval_lengths=pick("eval_lengths", args.eval_lengths),
+        num_pairs=pick("num_pairs", args.num_pairs), vocab_size=pick("vocab_size", args.vocab_size),
+        eval_batches=args.eval_batches, seed=args.seed, model_options=dict(args.option), device=args.device,
+    ).resolved()
+
+
+def run_one(args: argparse.Namespace) -> int:
+    from dataclasses import asdict
+
+    from rotarium.synthetic.runner import train_and_evaluate
+
+    result = train_and_evaluate(_settings(args, args.family, args.position))
+    if args.json:
+        print(json.dumps({"settings": asdict(result.settings), "train_loss": result.train_loss,
+                          "train_seconds": result.train_seconds, "parameters": result.parameters,
+                          "evaluations": result.evaluations}))
+        return 0
+    s = result.settings
+    print(f"{s.task}, {s.family} with {s.position}: {result.parameters:,} parameters, {s.steps} steps in "
+          f"{result.train_seconds:.0f} s, final training loss {result.train_loss:.4f}")
+    print("| length | token accuracy | sequence accuracy |\n|---:|---:|---:|")
+    for e in result.evaluations:
+        beyond = " (beyond training)" if e["length"] > s.train_length else ""
+        print(f"| {e['length']}{beyond} | {e['accuracy']:.4f} | {e['sequence_accuracy']:.4f} |")
+    return 0
+
+
+def run_sweep(args: argparse.Namespace) -> int:
+    from rotarium.synthetic.runner import sweep
+
+    base = _settings(args)
+    command = "rotarium " + " ".join(shlex.quote(a) for a in sys.argv[1:]) if sys.argv[1:2] == ["synthetic"] \
+        else None
+    csv_path, md_path, png_path = sweep(base, args.output_dir, families=tuple(args.families),
+                                        positions=tuple(args.positions), command=command, rerun=args.rerun)
+    print(md_path.read_text())
+    print(f"wrote {md_path}, {csv_path} and {png_path}")
+    return 0

@@ -1,0 +1,320 @@
+"""Training a small model on a synthetic task, measuring its accuracy, and sweeping families x positional options.
+
+A run is one model trained from scratch on freshly generated batches (a new batch every step, so there is no
+overfitting to a fixed set), with AdamW and the training job's warmup + cosine schedule, then evaluated on held-out
+batches from another seed at each evaluation length. Accuracy is per scored token (argmax); ``sequence_accuracy`` is
+the share of sequences with every scored token right (for copying, teacher-forced exact match equals greedy
+exact match).
+"""
+from __future__ import annotations
+
+import csv
+import json
+import math
+import os
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from rotarium.synthetic.tasks import IGNORE, TASKS, make_batch
+
+FAMILIES = ("gla", "fox", "deltanet", "transformer")
+POSITIONS = ("nope", "rope", "rove", "selective_rope")
+
+
+@dataclass
+class RunSettings:
+    """Everything a run depends on; ``None`` fields take the task's default (``TASKS[task]``)."""
+
+    task: str
+    family: str = "transformer"
+    position: str = "selective_rope"
+    num_layers: int | None = None
+    hidden_size: int | None = None
+    num_heads: int | None = None
+    steps: int | None = None
+    batch_size: int | None = None
+    lr: float | None = None
+    train_length: int | None = None
+    eval_lengths: list[int] | None = None
+    num_pairs: int | None = None
+    vocab_size: int | None = None
+    eval_batches: int = 4
+    seed: int = 0
+    model_options: dict[str, Any] = field(default_factory=dict)
+    device: str = "cpu"
+
+    def resolved(self) -> RunSettings:
+        """A copy with every ``None`` replaced by the task default, checked."""
+        if self.task not in TASKS:
+            raise ValueError(f"unknown task {self.task!r}; choose one of {', '.join(TASKS)}")
+        if self.family not in FAMILIES:
+            raise ValueError(f"unknown --family {self.family!r}; choose one of {', '.join(FAMILIES)}")
+        if self.position not in POSITIONS:
+            raise ValueError(f"unknown --position {self.position!r}; choose one of {', '.join(POSITIONS)}")
+        spec = TASKS[self.task]
+        values = asdict(self)
+        for name in ("num_layers", "hidden_size", "num_heads", "steps", "batch_size", "lr", "train_length",
+                     "eval_lengths", "num_pairs", "vocab_size"):
+            if values[name] is None:
+                values[name] = getattr(spec, name)
+        out = RunSettings(**values)
+        for name in ("num_layers", "hidden_size", "num_heads", "steps", "batch_size", "train_length",
+                     "eval_batches"):
+            if getattr(out, name) < 1:
+                raise ValueError(f"--{name.replace('_', '-')} must be a positive integer, got {getattr(out, name)}")
+        if not out.eval_lengths or min(out.eval_lengths) < 1:
+            raise ValueError(f"--eval-lengths must be positive integers, got {out.eval_lengths}")
+        return out
+
+
+@dataclass
+class RunResult:
+    settings: RunSettings
+    train_loss: float
+    train_seconds: float
+    parameters: int
+    evaluations: list[dict[str, float]]  # {"length", "accuracy", "sequence_accuracy"}
+
+    def accuracy(self, length: int) -> float:
+        return next(e["accuracy"] for e in self.evaluations if e["length"] == length)
+
+
+def build_model(settings: RunSettings) -> torch.nn.Module:
+    from rotarium.models.configuration import CONFIGS
+    from rotarium.models.modeling import FAMILY_MODELS
+
+    s = settings
+    config = CONFIGS[s.family](
+        vocab_size=s.vocab_size if s.task == "mqar" else TASKS[s.task].vocab_size, hidden_size=s.hidden_size,
+        num_hidden_layers=s.num_layers, num_heads=s.num_heads, position_encoding=s.position,
+        max_position_embeddings=s.train_length, pad_token_id=None, bos_token_id=None, eos_token_id=None,
+        use_cache=False, **s.model_options)
+    return FAMILY_MODELS[s.family][2](config)
+
+
+def _batch(settings: RunSettings, length: int, generator: torch.Generator, train: bool):
+    x, y = make_batch(settings.task, settings.batch_size, length, generator, train=train,
+                      num_pairs=settings.num_pairs, vocab_size=settings.vocab_size)
+    return x.to(settings.device), y.to(settings.device)
+
+
+def _loss(model: torch.nn.Module, inputs: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    logits = model(input_ids=inputs, use_cache=False).logits
+    return F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(), ignore_index=IGNORE), logits
+
+
+@torch.no_grad()
+def evaluate(model: torch.nn.Module, settings: RunSettings, length: int) -> dict[str, float]:
+    """Accuracy on ``eval_batches`` batches at ``length`` from a seed no training batch uses."""
+    generator = torch.Generator().manual_seed(1_000_003 + settings.seed)
+    model.eval()
+    right = scored = full = rows = 0
+    for _ in range(settings.eval_batches):
+        x, y = _batch(settings, length, generator, train=False)
+        logits = model(input_ids=x, use_cache=False).logits
+        mask = y != IGNORE
+        correct = (logits.argmax(-1) == y) & mask
+        right += int(correct.sum())
+        scored += int(mask.sum())
+        full += int((correct.sum(1) == mask.sum(1)).sum())
+        rows += x.shape[0]
+    model.train()
+    return {"length": length, "accuracy": right / max(scored, 1), "sequence_accuracy": full / max(rows, 1)}
+
+
+def train_and_evaluate(settings: RunSettings, progress: bool = True) -> RunResult:
+    """Trains a fresh model on ``settings.task`` and evaluates it at every evaluation length."""
+    from tqdm.auto import tqdm
+
+    from rotarium.training.config import Config
+    from rotarium.training.trainer import lr_multiplier, parameter_groups
+
+    s = settings.resolved()
+    torch.manual_seed(s.seed)
+    model = build_model(s).to(s.device)
+    schedule = Config()  # the training job's schedule: linear warmup (10% of the steps), cosine to 10%
+    schedule.train.max_steps, schedule.optim.warmup_steps = s.steps, max(1, s.steps // 10)
+    optimizer = torch.optim.AdamW(parameter_groups(model, 0.1), lr=s.lr, betas=(0.9, 0.95))
+    generator = torch.Generator().manual_seed(s.seed)
+    start, recent = time.perf_counter(), []
+    bar = tqdm(range(s.steps), desc=f"{s.task} {s.family} {s.position}", disable=not progress, leave=False,
+               dynamic_ncols=True)
+    for step in bar:
+        for group in optimizer.param_groups:
+            group["lr"] = s.lr * lr_multiplier(step, schedule)
+        loss, _ = _loss(model, *_batch(s, s.train_length, generator, train=True))
+        if not math.isfinite(float(loss.detach())):
+            optimizer.zero_grad(set_to_none=True)  # a diverging small model: skip, as the training job does
+            continue
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        recent = (recent + [float(loss)])[-50:]
+        if step % 25 == 0:
+            bar.set_postfix(loss=f"{sum(recent) / len(recent):.3f}")
+    seconds = time.perf_counter() - start
+    evaluations = [evaluate(model, s, length) for length in s.eval_lengths]
+    return RunResult(s, sum(recent) / max(len(recent), 1), seconds, sum(p.numel() for p in model.parameters()),
+                     evaluations)
+
+
+# ----------------------------------------------------------------------------------------------------------- sweep
+CSV_FIELDS = ("task", "family", "position", "eval_length", "accuracy", "sequence_accuracy", "train_length",
+              "train_loss", "train_seconds", "steps", "batch_size", "lr", "num_layers", "hidden_size", "num_heads",
+              "parameters", "seed", "model_options")
+
+
+def result_rows(result: RunResult) -> list[dict[str, Any]]:
+    s = result.settings
+    return [{"task": s.task, "family": s.family, "position": s.position, "eval_length": e["length"],
+             "accuracy": round(e["accuracy"], 4), "sequence_accuracy": round(e["sequence_accuracy"], 4),
+             "train_length": s.train_length, "train_loss": round(result.train_loss, 4),
+             "train_seconds": round(result.train_seconds, 1), "steps": s.steps, "batch_size": s.batch_size,
+             "lr": s.lr, "num_layers": s.num_layers, "hidden_size": s.hidden_size, "num_heads": s.num_heads,
+             "parameters": result.parameters, "seed": s.seed, "model_options": json.dumps(s.model_options)}
+            for e in result.evaluations]
+
+
+def read_rows(path: str | os.PathLike) -> list[dict[str, Any]]:
+    if not Path(path).is_file():
+        return []
+    with open(path, newline="") as f:
+        rows = list(csv.DictReader(f))
+    for row in rows:
+        for key in ("eval_length", "train_length", "steps", "num_layers", "hidden_size", "num_heads", "seed"):
+            row[key] = int(row[key])
+        for key in ("accuracy", "sequence_accuracy", "train_loss", "train_seconds"):
+            row[key] = float(row[key])
+    return rows
+
+
+def write_rows(rows: list[dict[str, Any]], path: Path) -> None:
+    """Atomically (a sweep killed half-way keeps every finished run)."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    with open(tmp, "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=CSV_FIELDS)
+        writer.writeheader()
+        writer.writerows(rows)
+    tmp.replace(path)
+
+
+def markdown_table(rows: list[dict[str, Any]], command: str | None = None) -> str:
+    """One table per evaluation length: families down, positional options across, token accuracy (%) with the
+    sequence accuracy in parentheses."""
+    task = rows[0]["task"]
+    spec = TASKS[task]
+    train_length = rows[0]["train_length"]
+    out = [f"## {task}: {spec.description}", ""]
+    if command:
+        out += [f"Command: `{command}`", ""]
+    first = rows[0]
+    out += [f"Model: {first['num_layers']} layer(s), width {first['hidden_size']}, {first['num_heads']} heads; "
+            f"{first['steps']} steps of {first['batch_size']} sequences, lr {first['lr']}, seed {first['seed']}; "
+            f"trained at length {train_length} {spec.length_unit}. Cells: token accuracy % (sequence accuracy %).",
+            ""]
+    positions = [p for p in POSITIONS if any(r["position"] == p for r in rows)]
+    for length in sorted({r["eval_length"] for r in rows}):
+        beyond = " (beyond training)" if length > train_length else ""
+        out += [f"**Evaluated at length {length}{beyond}**", "",
+                "| family | " + " | ".join(positions) + " |", "|---|" + "---:|" * len(positions)]
+        for family in [f for f in FAMILIES if any(r["family"] == f for r in rows)]:
+            cells = []
+            for position in positions:
+                match = [r for r in rows if r["family"] == family and r["position"] == position
+                         and r["eval_length"] == length]
+                cells.append(f"{100 * match[0]['accuracy']:.1f} ({100 * match[0]['sequence_accuracy']:.0f})"
+                             if match else "-")
+            out.append(f"| {family} | " + " | ".join(cells) + " |")
+        out.append("")
+    return "\n".join(out)
+
+
+def plot(rows: list[dict[str, Any]], path: Path) -> None:
+    """One panel per family: accuracy against evaluation length, one line per positional option (grouped bars
+    when there is one evaluation length)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    families = [f for f in FAMILIES if any(r["family"] == f for r in rows)]
+    positions = [p for p in POSITIONS if any(r["position"] == p for r in rows)]
+    lengths = sorted({r["eval_length"] for r in rows})
+    task, train_length = rows[0]["task"], rows[0]["train_length"]
+    if len(lengths) == 1:
+        fig, ax = plt.subplots(figsize=(7, 3.5))
+        width = 0.8 / len(positions)
+        for i, position in enumerate(positions):
+            values = [next((r["accuracy"] for r in rows if r["family"] == f and r["position"] == position), 0.0)
+                      for f in families]
+            ax.bar([j + i * width for j in range(len(families))], values, width, label=position)
+        ax.set_xticks([j + 0.4 - width / 2 for j in range(len(families))], families)
+        ax.set_ylabel("token accuracy")
+        ax.set_ylim(0, 1.02)
+        ax.set_title(f"{task} (length {lengths[0]})")
+        ax.legend(fontsize=8)
+        ax.grid(axis="y", alpha=0.3)
+    else:
+        fig, axes = plt.subplots(1, len(families), figsize=(3.2 * len(families), 3.2), sharey=True, squeeze=False)
+        for ax, family in zip(axes[0], families):
+            for position in positions:
+                points = sorted((r["eval_length"], r["accuracy"]) for r in rows
+                                if r["family"] == family and r["position"] == position)
+                if points:
+                    ax.plot(*zip(*points), marker="o", label=position)
+            ax.axvline(train_length, color="gray", linestyle="--", linewidth=1)
+            ax.set_xscale("log", base=2)
+            ax.set_title(family)
+            ax.set_xlabel("evaluation length")
+            ax.set_ylim(0, 1.02)
+            ax.grid(alpha=0.3)
+        axes[0][0].set_ylabel("token accuracy")
+        axes[0][-1].legend(fontsize=8)
+        fig.suptitle(f"{task} (dashed: training length {train_length})")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def _identity(settings: RunSettings) -> dict[str, str]:
+    """What makes two runs the same experiment, as the CSV writes it."""
+    s = settings
+    return {"steps": str(s.steps), "batch_size": str(s.batch_size), "lr": str(s.lr), "num_layers": str(s.num_layers),
+            "hidden_size": str(s.hidden_size), "num_heads": str(s.num_heads), "seed": str(s.seed),
+            "train_length": str(s.train_length), "model_options": json.dumps(s.model_options)}
+
+
+def sweep(base: RunSettings, output_dir: str | os.PathLike, *, families: tuple[str, ...] = FAMILIES,
+          positions: tuple[str, ...] = POSITIONS, command: str | None = None, rerun: bool = False,
+          progress: bool = True) -> tuple[Path, Path, Path]:
+    """Every family x positional option of ``base.task``; writes ``<task>.csv`` after every run (a rerun skips the
+    combinations already there with the same settings unless ``rerun``), then ``<task>.md`` and ``<task>.png``."""
+    from tqdm.auto import tqdm
+
+    output_dir = Path(output_dir)
+    output_dir.mkdir(parents=True, exist_ok=True)
+    task = base.task
+    csv_path, md_path, png_path = (output_dir / f"{task}.{ext}" for ext in ("csv", "md", "png"))
+    rows = [] if rerun else read_rows(csv_path)
+    combos = [(f, p) for f in families for p in positions]
+    for family, position in tqdm(combos, desc=f"sweep {task}", disable=not progress):
+        settings = RunSettings(**{**asdict(base), "family": family, "position": position}).resolved()
+        wanted = _identity(settings)
+        if any(r["family"] == family and r["position"] == position
+               and {k: str(r[k]) for k in wanted} == wanted for r in rows):
+            continue
+        rows = [r for r in rows if not (r["family"] == family and r["position"] == position)]
+        result = train_and_evaluate(settings, progress=progress)
+        rows += result_rows(result)
+        write_rows(rows, csv_path)
+        accuracies = ", ".join(f"{e['length']}: {e['accuracy']:.3f}" for e in result.evaluations)
+        tqdm.write(f"{task} {family} {position}: accuracy {accuracies} ({result.train_seconds:.0f} s)")
+    md_path.write_text(markdown_table(rows, command) + "\n")
+    plot(rows, png_path)
+    return csv_path, md_path, png_path
