@@ -9,7 +9,7 @@ model's loss skips cross-document predictions). Which sequences make step ``s`` 
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -50,11 +50,12 @@ def _local_files(source: str) -> tuple[str, list[str]]:
     return kinds.pop(), [str(p) for p in files]
 
 
-def iter_documents(cfg: DataSection, seed: int = 0) -> Iterable[str]:
-    """Every document's text, in a fixed order (a stream is shuffled through a ``shuffle_buffer`` seeded by
-    ``seed``). Raises ``ValueError`` for a missing file or a missing text field."""
+def iter_documents(cfg: DataSection, *, skip: int = 0, shuffle_seed: int | None = None) -> Iterable[str]:
+    """Every document's text in a fixed order, after the first ``skip``. With ``cfg.streaming`` and a
+    ``shuffle_seed``, a Hub or JSON/Parquet stream is shuffled through a ``shuffle_buffer`` after the skip (so the
+    held-out first documents never reach training). Raises ``ValueError`` for a missing file or text field."""
     if cfg.source == "embedded":
-        return embedded_documents()
+        return embedded_documents()[skip:]
     import datasets
 
     looks_local = Path(cfg.source).exists() or Path(cfg.source).suffix in LOCAL_FORMATS or cfg.source.startswith(
@@ -65,21 +66,32 @@ def iter_documents(cfg: DataSection, seed: int = 0) -> Iterable[str]:
         kind, files = _local_files(cfg.source)
         if kind == "text":
             # One document per file separated by blank lines: a text file is a corpus of paragraphs/articles.
-            return (doc.strip() for f in files for doc in Path(f).read_text(encoding="utf-8").split("\n\n\n")
-                    if doc.strip())
-        dataset = datasets.load_dataset(kind, data_files=files, split="train")
+            return itertools.islice((doc.strip() for f in files
+                                     for doc in Path(f).read_text(encoding="utf-8").split("\n\n\n")
+                                     if doc.strip()), skip, None)
+        try:
+            dataset = datasets.load_dataset(kind, data_files=files, split="train", streaming=cfg.streaming)
+        except Exception as error:  # an empty file raises StopIteration or "corresponds to no data" ValueError
+            if all(not Path(f).read_bytes().strip() for f in files):
+                raise ValueError(f"`data.source={cfg.source}` is empty: no {kind} rows to train on") from error
+            raise ValueError(f"`data.source={cfg.source}` could not be read as {kind}: "
+                             f"{type(error).__name__}: {error}") from error
     else:
         try:
             dataset = datasets.load_dataset(cfg.source, cfg.hub_config, split=cfg.split, streaming=cfg.streaming)
         except Exception as error:  # datasets raises many types (FileNotFoundError, ConnectionError, ...)
             raise ValueError(f"`data.source={cfg.source}` is not a local file and could not be opened from the "
                              f"Hub: {error}") from error
-    if cfg.streaming and cfg.shuffle_buffer > 1:
-        dataset = dataset.shuffle(seed=seed, buffer_size=cfg.shuffle_buffer)
     columns = dataset.column_names
     if columns is not None and cfg.text_field not in columns:
         raise ValueError(f"`data.text_field={cfg.text_field}` is not a column of {cfg.source}; columns: {columns}")
-    return (row[cfg.text_field] for row in dataset if row[cfg.text_field] and row[cfg.text_field].strip())
+    if cfg.streaming:
+        dataset = dataset.skip(skip) if skip else dataset
+        if shuffle_seed is not None and cfg.shuffle_buffer > 1:
+            dataset = dataset.shuffle(seed=shuffle_seed, buffer_size=cfg.shuffle_buffer)
+    elif skip:
+        dataset = dataset.select(range(min(skip, len(dataset)), len(dataset)))
+    return (row[cfg.text_field] for row in dataset if row.get(cfg.text_field) and row[cfg.text_field].strip())
 
 
 def split_documents(documents: list[str], fraction: float, seed: int) -> tuple[list[str], list[str]]:
@@ -191,23 +203,34 @@ def validation_batches(data: PackedSequences, batch_size: int, max_batches: int,
 
 class StreamingSchedule:
     """The streaming counterpart of :class:`BatchSchedule` for corpora too large to tokenise up front (a Hub
-    dataset with ``streaming``): sequences come in stream order; every rank reads the stream and keeps its own
-    slice; resuming at step ``s`` skips the first ``s`` global batches."""
+    dataset with ``streaming``): sequences come in stream order, from ``make_stream(epoch)`` (a new pass, with its
+    own shuffle, when one ends); every rank reads the stream and keeps its own slice; resuming at step ``s`` skips
+    the first ``s`` global batches."""
 
-    def __init__(self, sequences: Iterator[tuple[list[int], list[int]]], batch_size: int, accum: int, world: int,
-                 rank: int, start_step: int):
-        self.sequences, self.B, self.accum, self.world, self.rank = sequences, batch_size, accum, world, rank
+    def __init__(self, make_stream: Callable[[int], Iterator[tuple[list[int], list[int]]]], batch_size: int,
+                 accum: int, world: int, rank: int, start_step: int):
+        self.make_stream, self.B, self.accum, self.world, self.rank = make_stream, batch_size, accum, world, rank
         self.global_batch = batch_size * accum * world
+        self.epoch, self.sequences = 0, make_stream(0)
         for _ in range(start_step * self.global_batch):
-            next(self.sequences)
+            self._next()
         self._step, self._pending = start_step, []
+
+    def _next(self) -> tuple[list[int], list[int]]:
+        for _ in range(2):
+            try:
+                return next(self.sequences)
+            except StopIteration:
+                self.epoch += 1
+                self.sequences = self.make_stream(self.epoch)
+        raise ValueError("the training stream holds no complete training sequence; give more text or a smaller "
+                         "`data.seq_len`")
 
     def batch(self, step: int, micro: int) -> dict[str, torch.Tensor]:
         if micro == 0:
             if step != self._step:
                 raise RuntimeError("streaming batches must be read in order")
-            rows = [next(self.sequences) for _ in range(self.global_batch)]
-            self._pending = rows
+            self._pending = [self._next() for _ in range(self.global_batch)]
             self._step += 1
         mine = self._pending[(micro * self.world + self.rank) * self.B:][:self.B]
         return collate(torch.tensor([r[0] for r in mine]), [r[1] for r in mine])

@@ -164,7 +164,8 @@ def prepare_tokenizer(config: Config, run_dir: Path, documents: list[str] | None
             tokenizer = load_tokenizer(name)
         else:
             if documents is None:
-                documents = list(_take(iter_documents(config.data), config.tokenizer.train_documents))
+                documents = list(_take(iter_documents(config.data, skip=config.data.validation_documents),
+                                       config.tokenizer.train_documents))
             tokenizer = train_bpe(documents[:config.tokenizer.train_documents], config.tokenizer.vocab_size)
         _atomic_save(lambda tmp: tokenizer.save_pretrained(tmp), saved)
     accelerator.wait_for_everyone()
@@ -204,12 +205,15 @@ def prepare_data(config: Config, tokenizer, world: int, rank: int, start_step: i
     accum = accumulation_steps(config, world)
     max_val_rows = max(1, d.max_validation_tokens // d.seq_len)
     if d.streaming:
-        stream = iter(iter_documents(d, seed=t.seed))
-        held_out = list(_take(stream, d.validation_documents))
+        held_out = list(_take(iter_documents(d), d.validation_documents))
         val = pack_all(tokenizer, held_out, d.seq_len, "validation")
-        train: BatchSchedule | StreamingSchedule = StreamingSchedule(
-            pack(tokenize(tokenizer, stream), d.seq_len, tokenizer.eos_token_id), t.batch_size, accum, world, rank,
-            start_step)
+
+        def training_stream(epoch: int):
+            documents = iter_documents(d, skip=d.validation_documents, shuffle_seed=t.seed + epoch)
+            return pack(tokenize(tokenizer, documents), d.seq_len, tokenizer.eos_token_id)
+
+        train: BatchSchedule | StreamingSchedule = StreamingSchedule(training_stream, t.batch_size, accum, world,
+                                                                     rank, start_step)
     else:
         documents = documents if documents is not None else list(iter_documents(d))
         train_docs, held_out = split_documents(documents, d.validation_fraction, t.seed)
