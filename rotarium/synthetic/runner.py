@@ -167,7 +167,13 @@ def train_and_evaluate(settings: RunSettings, progress: bool = True) -> RunResul
 # ----------------------------------------------------------------------------------------------------------- sweep
 CSV_FIELDS = ("task", "family", "position", "eval_length", "accuracy", "sequence_accuracy", "train_length",
               "train_loss", "train_seconds", "steps", "batch_size", "lr", "num_layers", "hidden_size", "num_heads",
-              "parameters", "seed", "model_options")
+              "parameters", "seed", "model_options", "num_pairs", "vocab_size")
+
+
+def _task_fields(s: RunSettings) -> dict[str, str]:
+    """The settings only one task reads (empty elsewhere)."""
+    mqar = s.task == "mqar"
+    return {"num_pairs": str(s.num_pairs) if mqar else "", "vocab_size": str(s.vocab_size) if mqar else ""}
 
 
 def result_rows(result: RunResult) -> list[dict[str, Any]]:
@@ -177,8 +183,8 @@ def result_rows(result: RunResult) -> list[dict[str, Any]]:
              "train_length": s.train_length, "train_loss": round(result.train_loss, 4),
              "train_seconds": round(result.train_seconds, 1), "steps": s.steps, "batch_size": s.batch_size,
              "lr": s.lr, "num_layers": s.num_layers, "hidden_size": s.hidden_size, "num_heads": s.num_heads,
-             "parameters": result.parameters, "seed": s.seed, "model_options": json.dumps(s.model_options)}
-            for e in result.evaluations]
+             "parameters": result.parameters, "seed": s.seed, "model_options": json.dumps(s.model_options),
+             **_task_fields(s)} for e in result.evaluations]
 
 
 def read_rows(path: str | os.PathLike) -> list[dict[str, Any]]:
@@ -198,7 +204,7 @@ def write_rows(rows: list[dict[str, Any]], path: Path) -> None:
     """Atomically (a sweep killed half-way keeps every finished run)."""
     tmp = path.with_name(f".{path.name}.tmp")
     with open(tmp, "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=CSV_FIELDS)
+        writer = csv.DictWriter(f, fieldnames=CSV_FIELDS, restval="")
         writer.writeheader()
         writer.writerows(rows)
     tmp.replace(path)
@@ -216,8 +222,10 @@ def markdown_table(rows: list[dict[str, Any]], command: str | None = None) -> st
     first = rows[0]
     out += [f"Model: {first['num_layers']} layer(s), width {first['hidden_size']}, {first['num_heads']} heads; "
             f"{first['steps']} steps of {first['batch_size']} sequences, lr {first['lr']}, seed {first['seed']}; "
-            f"trained at length {train_length} {spec.length_unit}. Cells: token accuracy % (sequence accuracy %).",
-            ""]
+            f"trained at length {train_length} {spec.length_unit}"
+            + (f", {first['num_pairs']} key-value pairs, vocabulary {first['vocab_size']}" if first.get("num_pairs")
+               else "")
+            + ". Cells: token accuracy % (sequence accuracy %).", ""]
     positions = [p for p in POSITIONS if any(r["position"] == p for r in rows)]
     for length in sorted({r["eval_length"] for r in rows}):
         beyond = " (beyond training)" if length > train_length else ""
@@ -287,7 +295,7 @@ def _identity(settings: RunSettings) -> dict[str, str]:
     s = settings
     return {"steps": str(s.steps), "batch_size": str(s.batch_size), "lr": str(s.lr), "num_layers": str(s.num_layers),
             "hidden_size": str(s.hidden_size), "num_heads": str(s.num_heads), "seed": str(s.seed),
-            "train_length": str(s.train_length), "model_options": json.dumps(s.model_options)}
+            "train_length": str(s.train_length), "model_options": json.dumps(s.model_options), **_task_fields(s)}
 
 
 def sweep(base: RunSettings, output_dir: str | os.PathLike, *, families: tuple[str, ...] = FAMILIES,
@@ -307,7 +315,7 @@ def sweep(base: RunSettings, output_dir: str | os.PathLike, *, families: tuple[s
         settings = RunSettings(**{**asdict(base), "family": family, "position": position}).resolved()
         wanted = _identity(settings)
         if any(r["family"] == family and r["position"] == position
-               and {k: str(r[k]) for k in wanted} == wanted for r in rows):
+               and {k: "" if r.get(k) is None else str(r[k]) for k in wanted} == wanted for r in rows):
             continue
         rows = [r for r in rows if not (r["family"] == family and r["position"] == position)]
         result = train_and_evaluate(settings, progress=progress)
