@@ -155,7 +155,7 @@ def train_and_evaluate(settings: RunSettings, progress: bool = True) -> RunResul
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
-        recent = (recent + [float(loss)])[-50:]
+        recent = (recent + [float(loss.detach())])[-50:]
         if step % 25 == 0:
             bar.set_postfix(loss=f"{sum(recent) / len(recent):.3f}")
     seconds = time.perf_counter() - start

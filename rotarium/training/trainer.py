@@ -246,6 +246,26 @@ def _write_json(path: Path, data: Any) -> None:
 
 
 # ----------------------------------------------------------------------------------------------------- trainer
+TRACKER_PACKAGES = {"tensorboard": "tensorboard", "wandb": "wandb", "mlflow": "mlflow", "comet_ml": "comet_ml",
+                    "aim": "aim", "clearml": "clearml", "dvclive": "dvclive", "swanlab": "swanlab",
+                    "trackio": "trackio"}
+
+
+def check_trackers(report_to: list[str]) -> None:
+    """Before anything is built: every tracker of ``train.report_to`` is one accelerate knows and is installed
+    (the recipes log to tensorboard, which rotarium does not install by itself)."""
+    import importlib.util
+
+    for tracker in report_to:
+        if tracker not in TRACKER_PACKAGES:
+            raise ValueError(f"`train.report_to` has {tracker!r}; accelerate's trackers are "
+                             f"{', '.join(TRACKER_PACKAGES)}")
+        if importlib.util.find_spec(TRACKER_PACKAGES[tracker]) is None:
+            raise ValueError(f"`train.report_to` asks for {tracker}, which is not installed: `pip install "
+                             f"{TRACKER_PACKAGES[tracker]}` (or `pip install rotarium[trackers]`), or pass "
+                             "`--train.report_to []`")
+
+
 @dataclass
 class TrainResult:
     run_dir: Path
@@ -266,6 +286,7 @@ class Trainer:
 
         self.config, self.run_dir = config, Path(run_dir)
         t = config.train
+        check_trackers(t.report_to)
         if t.num_threads is not None:
             torch.set_num_threads(t.num_threads)
         precision = t.mixed_precision

@@ -45,3 +45,16 @@ def test_bad_input_stops_before_training(case, tmp_path, capsys):
     assert not (run_dir / "checkpoints").exists()
     assert not (run_dir / "final").exists()
     assert not (run_dir / "metrics.jsonl").exists()
+
+
+def test_a_tracker_that_is_not_installed_stops_before_training(tmp_path, capsys, monkeypatch):
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "wandb" else real(name, *a))
+    code = main(["train", "--output-dir", str(tmp_path / "run"), "--train.report_to", "[wandb]"])
+    message = capsys.readouterr().err.strip().splitlines()[-1]
+    assert code == 2 and "train.report_to" in message and "pip install wandb" in message
+    assert main(["train", "--output-dir", str(tmp_path / "run"), "--train.report_to", "[tensorbored]"]) == 2
+    assert "accelerate's trackers" in capsys.readouterr().err
+    assert not (tmp_path / "run" / "checkpoints").exists()
