@@ -10,7 +10,8 @@ def _lengths(text: str) -> list[int]:
     try:
         values = [int(x) for x in text.split(",") if x.strip()]
     except ValueError:
-        raise argparse.ArgumentTypeError(f"--context-lengths takes integers separated by commas, got {text!r}")
+        raise argparse.ArgumentTypeError(
+            f"--context-lengths takes integers separated by commas, got {text!r}") from None
     if not values or min(values) < 2:
         raise argparse.ArgumentTypeError(f"--context-lengths must be integers >= 2, got {text!r}")
     return values
