@@ -18,6 +18,19 @@ COMMAND_MODULES = (
 )
 
 
+def int_list(flag: str, minimum: int = 1):
+    """An argparse type: ``"64,128"`` -> ``[64, 128]``, every value at least ``minimum``, errors naming ``flag``."""
+    def parse(text: str) -> list[int]:
+        try:
+            values = [int(x) for x in text.split(",") if x.strip()]
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{flag} takes integers separated by commas, got {text!r}") from None
+        if not values or min(values) < minimum:
+            raise argparse.ArgumentTypeError(f"{flag} must be integers >= {minimum}, got {text!r}")
+        return values
+    return parse
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="rotarium", description=__doc__.splitlines()[0])
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")

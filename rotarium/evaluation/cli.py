@@ -5,16 +5,7 @@ import argparse
 import json
 from pathlib import Path
 
-
-def _lengths(text: str) -> list[int]:
-    try:
-        values = [int(x) for x in text.split(",") if x.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"--context-lengths takes integers separated by commas, got {text!r}") from None
-    if not values or min(values) < 2:
-        raise argparse.ArgumentTypeError(f"--context-lengths must be integers >= 2, got {text!r}")
-    return values
+from rotarium.cli import int_list
 
 
 def run_eval(args: argparse.Namespace) -> int:
@@ -69,7 +60,7 @@ def add_commands(subparsers) -> None:
     ev.add_argument("--data", default="validation",
                     help="'validation': the documents the checkpoint's training run held out (default); "
                          "'embedded': the embedded corpus; or a local .txt/.jsonl/.parquet file or folder")
-    ev.add_argument("--context-lengths", type=_lengths, default=None,
+    ev.add_argument("--context-lengths", type=int_list("--context-lengths", minimum=2), default=None,
                     help="comma-separated lengths, e.g. 128,256,512 (default: half, 1x, 2x and 4x the "
                          "training length)")
     ev.add_argument("--max-tokens", type=int, default=65536,

@@ -8,6 +8,8 @@ import sys
 
 import yaml
 
+from rotarium.cli import int_list
+
 EPILOG = """\
 tasks (CPU defaults in brackets; --paper switches to the paper setting where it differs):
   mqar     multi-query associative recall [length 64, 8 pairs, vocabulary 64; paper: 512, 64 pairs, 8192]
@@ -29,16 +31,6 @@ def _csv(choices: tuple[str, ...]):
             raise argparse.ArgumentTypeError(f"choose among {', '.join(choices)}; got {text!r}")
         return values
     return parse
-
-
-def _ints(text: str) -> list[int]:
-    try:
-        values = [int(v) for v in text.split(",") if v.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected integers separated by commas, got {text!r}") from None
-    if not values or min(values) < 1:
-        raise argparse.ArgumentTypeError(f"expected positive integers, got {text!r}")
-    return values
 
 
 def _option(text: str) -> tuple[str, object]:
@@ -63,7 +55,8 @@ def _common(parser: argparse.ArgumentParser) -> None:
     task = parser.add_argument_group("task")
     task.add_argument("--train-length", type=int, default=None,
                       help="training sequence length (copying: the longest string; s2/a3: the word length)")
-    task.add_argument("--eval-lengths", type=_ints, default=None, help="comma-separated evaluation lengths")
+    task.add_argument("--eval-lengths", type=int_list("--eval-lengths"), default=None,
+                      help="comma-separated evaluation lengths")
     task.add_argument("--num-pairs", type=int, default=None, help="mqar: key-value pairs per sequence")
     task.add_argument("--vocab-size", type=int, default=None, help="mqar: vocabulary size")
     task.add_argument("--paper", action="store_true", help="the paper's task setting (mqar: 512 tokens, 64 pairs)")

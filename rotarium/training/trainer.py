@@ -25,6 +25,7 @@ import shutil
 import time
 import warnings
 from dataclasses import dataclass
+from itertools import islice
 from pathlib import Path
 from typing import Any
 
@@ -164,19 +165,12 @@ def prepare_tokenizer(config: Config, run_dir: Path, documents: list[str] | None
             tokenizer = load_tokenizer(name)
         else:
             if documents is None:
-                documents = list(_take(iter_documents(config.data, skip=config.data.validation_documents),
-                                       config.tokenizer.train_documents))
+                documents = list(islice(iter_documents(config.data, skip=config.data.validation_documents),
+                                        config.tokenizer.train_documents))
             tokenizer = train_bpe(documents[:config.tokenizer.train_documents], config.tokenizer.vocab_size)
         _atomic_save(lambda tmp: tokenizer.save_pretrained(tmp), saved)
     accelerator.wait_for_everyone()
     return load_tokenizer(str(saved))
-
-
-def _take(iterable, n: int):
-    for i, item in enumerate(iterable):
-        if i >= n:
-            break
-        yield item
 
 
 @dataclass
@@ -205,7 +199,7 @@ def prepare_data(config: Config, tokenizer, world: int, rank: int, start_step: i
     accum = accumulation_steps(config, world)
     max_val_rows = max(1, d.max_validation_tokens // d.seq_len)
     if d.streaming:
-        held_out = list(_take(iter_documents(d), d.validation_documents))
+        held_out = list(islice(iter_documents(d), d.validation_documents))
         val = pack_all(tokenizer, held_out, d.seq_len, "validation")
 
         def training_stream(epoch: int):
@@ -492,45 +486,38 @@ class Trainer:
             _write_json(folder / "training_args.json", self.training_args())
 
     def save_checkpoint(self, step: int) -> Path:
-        acc = self.accelerator
-        folder = self.run_dir / "checkpoints"
-        target, tmp = folder / f"step-{step}", folder / f".step-{step}.tmp"
-        if acc.is_main_process:
-            shutil.rmtree(tmp, ignore_errors=True)
-            tmp.mkdir(parents=True)
-        acc.wait_for_everyone()
-        acc.save_state(str(tmp / "state"))
-        self._save_model(tmp)
-        acc.wait_for_everyone()
-        if acc.is_main_process:
-            _write_json(tmp / TRAINER_STATE, self.state)
-            with open(tmp / COMPLETE, "w") as f:
-                f.write(f"{step}\n")
-                f.flush()
-                os.fsync(f.fileno())
-            shutil.rmtree(target, ignore_errors=True)
-            tmp.rename(target)
-            for old in complete_checkpoints(self.run_dir)[:-self.config.train.keep_checkpoints]:
-                shutil.rmtree(old, ignore_errors=True)
-        acc.wait_for_everyone()
-        return target
+        return self._write_folder(self.run_dir / "checkpoints" / f"step-{step}", step=step)
 
     def save_final(self) -> Path:
+        return self._write_folder(self.run_dir / "final")
+
+    def _write_folder(self, target: Path, step: int | None = None) -> Path:
+        """The model and tokenizer (plus, for a checkpoint of ``step``, the accelerate state, the trainer state and
+        ``COMPLETE``, written last) into ``.<name>.tmp``, then renamed to ``target`` by the main process."""
         acc = self.accelerator
-        final = self.run_dir / "final"
-        tmp = self.run_dir / ".final.tmp"
+        tmp = target.parent / f".{target.name}.tmp"
         if acc.is_main_process:
             shutil.rmtree(tmp, ignore_errors=True)
             tmp.mkdir(parents=True)
         acc.wait_for_everyone()
+        if step is not None:
+            acc.save_state(str(tmp / "state"))
         self._save_model(tmp)
         acc.wait_for_everyone()
         if acc.is_main_process:
-            if final.exists():
-                shutil.rmtree(final)
-            tmp.rename(final)
+            if step is not None:
+                _write_json(tmp / TRAINER_STATE, self.state)
+                with open(tmp / COMPLETE, "w") as f:
+                    f.write(f"{step}\n")
+                    f.flush()
+                    os.fsync(f.fileno())
+            shutil.rmtree(target, ignore_errors=True)
+            tmp.rename(target)
+            if step is not None:
+                for old in complete_checkpoints(self.run_dir)[:-self.config.train.keep_checkpoints]:
+                    shutil.rmtree(old, ignore_errors=True)
         acc.wait_for_everyone()
-        return final
+        return target
 
 
 def _counted_labels(batch: dict[str, torch.Tensor]) -> int:
