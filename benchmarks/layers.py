@@ -1,7 +1,7 @@
 """Forward+backward time of every mixer with every positional option, as a ratio to the same mixer with NoPE.
 
 Targets: RoPE and RoVE within 1.10 of NoPE, Selective RoPE within 1.20. One small CPU shape by default:
-``python benchmarks/layers.py [--batch 4] [--seq-len 512] [--hidden 256] [--heads 4] [--repeats 5]``.
+``python benchmarks/layers.py [--batch 4] [--seq-len 512] [--hidden 256] [--heads 4] [--repeats 30]``.
 """
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import sys
 import torch
 
 sys.path.insert(0, os.path.dirname(__file__))
-from common import time_call, verdict  # noqa: E402
+from common import time_calls, verdict  # noqa: E402
 
 from rotarium.layers import MIXERS, POSITION_ENCODINGS, PositionalSettings, SequenceInfo, build_mixer  # noqa: E402
 
@@ -25,7 +25,7 @@ def main() -> None:
     parser.add_argument("--seq-len", type=int, default=512)
     parser.add_argument("--hidden", type=int, default=256)
     parser.add_argument("--heads", type=int, default=4)
-    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--repeats", type=int, default=30)
     args = parser.parse_args()
     torch.manual_seed(0)
     x = torch.randn(args.batch, args.seq_len, args.hidden)
@@ -36,17 +36,18 @@ def main() -> None:
     print("|---|" + "---|" * len(POSITION_ENCODINGS))
     ok = True
     for family in MIXERS:
-        times = {}
+        steps = {}
         for pe in POSITION_ENCODINGS:
             mixer = build_mixer(family, hidden_size=args.hidden, num_heads=args.heads,
                                 positional=PositionalSettings(position_encoding=pe))
 
-            def step():
+            def step(mixer=mixer):
                 out, _ = mixer(x, seq)
                 out.sum().backward()
                 mixer.zero_grad(set_to_none=True)
 
-            times[pe] = time_call(step, args.repeats)
+            steps[pe] = step
+        times = time_calls(steps, args.repeats)
         cells = []
         for pe in POSITION_ENCODINGS:
             ratio = times[pe] / times["nope"]

@@ -6,7 +6,7 @@
 2. Every op at T = 2048 ... 16384 beside PyTorch's causal SDPA. Targets for the linear ops:
    time(16384) <= 4.5 * time(4096) (linear growth) and faster than SDPA from T = 8192 on.
 
-Usage: ``python benchmarks/ops.py [--lengths 2048 4096 8192 16384] [--repeats 3]``.
+Usage: ``python benchmarks/ops.py [--lengths 2048 4096 8192 16384] [--repeats 5]``.
 Forces the PyTorch backend so the numbers mean the same on any machine.
 """
 from __future__ import annotations
@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(__file__))
-from common import time_call, verdict  # noqa: E402
+from common import time_calls, verdict  # noqa: E402
 
 from rotarium.ops import chunk_delta_rule, chunk_gated_delta_rule, chunk_gla, parallel_forgetting_attn  # noqa: E402
 
@@ -72,9 +72,11 @@ def against_transformers(repeats: int) -> bool:
     reference = getattr(modeling_qwen3_next.torch_chunk_gated_delta_rule, "__wrapped__",
                         modeling_qwen3_next.torch_chunk_gated_delta_rule)
     x = make_inputs(1, 4096, 4, 64, 64)
-    ours = time_call(OPS["chunk_gated_delta_rule"](x), repeats)
-    theirs = time_call(fwd_bwd(lambda q, k, v, g, b: reference(q, k, v, g, b), x["q"], x["k"], x["v"],
-                               x["g_head"], x["beta"]), repeats)
+    times = time_calls({
+        "ours": OPS["chunk_gated_delta_rule"](x),
+        "theirs": fwd_bwd(lambda q, k, v, g, b: reference(q, k, v, g, b), x["q"], x["k"], x["v"], x["g_head"], x["beta"]),
+    }, repeats)
+    ours, theirs = times["ours"], times["theirs"]
     ratio = ours / theirs
     print("## chunk_gated_delta_rule vs transformers' torch_chunk_gated_delta_rule (B=1 T=4096 H=4 K=V=64, fwd+bwd)")
     print(f"rotarium {ours:.3f} s | transformers {theirs:.3f} s | ratio {ratio:.2f} (target <= 0.50) {verdict(ratio <= 0.5)}")
@@ -82,11 +84,10 @@ def against_transformers(repeats: int) -> bool:
 
 
 def scaling(lengths: list[int], repeats: int) -> bool:
-    times: dict[str, dict[int, float]] = {name: {} for name in OPS}
-    for T in lengths:
-        x = make_inputs(1, T, 4, 64, 64)
-        for name, make in OPS.items():
-            times[name][T] = time_call(make(x), repeats)
+    inputs = {T: make_inputs(1, T, 4, 64, 64) for T in lengths}
+    # every (op, length) in one round-robin, so the growth ratios compare like with like on a shared machine
+    measured = time_calls({(name, T): make(inputs[T]) for T in lengths for name, make in OPS.items()}, repeats)
+    times = {name: {T: measured[name, T] for T in lengths} for name in OPS}
     print("\n## forward+backward seconds, B=1 H=4 K=V=64 float32 (PyTorch backend)")
     print("| op | " + " | ".join(f"T={T}" for T in lengths) + " | t(16384)/t(4096) |")
     print("|---|" + "---|" * (len(lengths) + 1))
@@ -112,7 +113,7 @@ def scaling(lengths: list[int], repeats: int) -> bool:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--lengths", type=int, nargs="+", default=[2048, 4096, 8192, 16384])
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--repeats", type=int, default=5)
     args = parser.parse_args()
     torch.manual_seed(0)
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads")

@@ -7,8 +7,11 @@ before its kernel::
     o = kernel(enc.q, enc.k, enc.v, decay ...)       # enc.log_decay: a per-head decay, Selective RoPE on decay-less mixers
     o = enc.restore(o)                                # RoVE rotates outputs back; identity otherwise
 
-Every option is a rotation applied outside the kernel, so the same kernels serve all of them. Rotations act on
-feature pairs ``(i, i + R/2)`` of the first ``R`` features of a head (the rotate-half / GPT-NeoX pairing).
+Every option is a rotation applied outside the kernel, so the same kernels serve all of them. Rotations of q and k
+act on feature pairs ``(i, i + R/2)`` of the first ``R`` features of a head (the rotate-half / GPT-NeoX pairing, as
+transformers' Llama). RoVE's value rotations act on adjacent pairs ``(2i, 2i + 1)`` (Meta's original LLaMA pairing):
+values are rotated in and back out inside the mixer, so their pairing is internal, and adjacent pairs make each
+rotation a single complex product instead of four kernels (and their backward).
 """
 from __future__ import annotations
 
@@ -97,28 +100,81 @@ class Encoded:
     v: torch.Tensor
     log_decay: torch.Tensor | None  # [B, T, H] float32, only where the layer adds a decay
     state: dict
-    value_rotation: tuple[torch.Tensor, torch.Tensor] | None = None  # RoVE: (cos, sin) of the values' angles
+    value_rotation: torch.Tensor | None = None  # RoVE: exp(i * angle) of each token's value pairs, complex64
 
     def restore(self, o: torch.Tensor) -> torch.Tensor:
         """Rotates each output back by its query's angle (RoVE); identity for the other options."""
         if self.value_rotation is None:
             return o
-        cos, sin = self.value_rotation
-        return apply_rotary(o, cos, -sin)
+        return rotate_adjacent_pairs(o, self.value_rotation.conj())
 
 
-def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotates pairs ``(i, i + R/2)`` of the first ``R = 2 * cos.shape[-1]`` features.
+def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, inverse: bool = False) -> torch.Tensor:
+    """Rotation of the pairs ``(i, i + R/2)``, ``R = 2 * cos.shape[-1]``, by the angle (minus it with ``inverse``).
 
-    x: ``[B, T, H, D]``; cos, sin: ``[B, T, H or 1, R/2]`` float32. Computed in at least float32 (bf16 inputs would
-    lose the angle's precision), returned in x's dtype; features past ``R`` pass through untouched.
+    Computed in cos's dtype, returned in x's: ``x * [cos, cos]`` in one pass, then the cross terms added in place on
+    each half (measured 1.3x faster on CPU than building the rotated-half tensor).
     """
     half = cos.shape[-1]
-    xf = x[..., :2 * half].to(torch.promote_types(x.dtype, torch.float32))
-    # x * [cos, cos] + [-x2, x1] * [sin, sin]: four kernels, against seven for the two halves apart
-    rotated = torch.addcmul(xf * torch.cat([cos, cos], -1), torch.cat([-xf[..., half:], xf[..., :half]], -1),
-                            torch.cat([sin, sin], -1)).to(x.dtype)
-    return rotated if x.shape[-1] == 2 * half else torch.cat([rotated, x[..., 2 * half:]], -1)
+    R = 2 * half
+    cos2 = torch.cat([cos, cos], -1)
+    if x.shape[-1] == R:
+        out = x.to(cos.dtype) * cos2
+    else:  # partial rotary: the rest passes through
+        out = torch.empty(x.shape, dtype=cos.dtype, device=x.device)
+        torch.mul(x[..., :R], cos2, out=out[..., :R])
+        out[..., R:] = x[..., R:]
+    sign = 1.0 if inverse else -1.0
+    out[..., :half].addcmul_(x[..., half:R], sin, value=sign)
+    out[..., half:R].addcmul_(x[..., :half], sin, value=-sign)
+    return out.to(x.dtype)
+
+
+class _RotateHalf(torch.autograd.Function):
+    """Forward and backward by hand: the backward of a rotation is the rotation by minus the angle, and the angle's
+    gradient comes from the output, ``d(out1, out2)/d angle = (-out2, out1)``; autograd's graph for the same
+    computation is three times as many passes over q and k."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, angles: torch.Tensor) -> torch.Tensor:
+        compute = torch.promote_types(x.dtype, torch.float32)  # bf16 would lose the angle's precision
+        cos, sin = angles.cos().to(compute), angles.sin().to(compute)
+        out = _rotate(x, cos, sin)
+        ctx.angles_shape = angles.shape
+        ctx.save_for_backward(cos, sin, out if ctx.needs_input_grad[1] else None)
+        return out
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        cos, sin, out = ctx.saved_tensors
+        grad_x = _rotate(grad, cos, sin, inverse=True) if ctx.needs_input_grad[0] else None
+        grad_angles = None
+        if ctx.needs_input_grad[1]:
+            half = cos.shape[-1]
+            g1, g2 = grad[..., :half].to(cos.dtype), grad[..., half:2 * half].to(cos.dtype)
+            out1, out2 = out[..., :half].to(cos.dtype), out[..., half:2 * half].to(cos.dtype)
+            grad_angles = (g2 * out1).sub_(g1 * out2).sum_to_size(ctx.angles_shape)
+        return grad_x, grad_angles
+
+
+def rotate_half_pairs(x: torch.Tensor, angles: torch.Tensor) -> torch.Tensor:
+    """Rotates pairs ``(i, i + R/2)`` of the first ``R = 2 * angles.shape[-1]`` features by ``angles``.
+
+    x: ``[B, T, H, D]``; angles: ``[B, T, H or 1, R/2]`` float32 (differentiable: Selective RoPE learns them).
+    Computed in at least float32, returned in x's dtype; features past ``R`` pass through untouched.
+    """
+    return _RotateHalf.apply(x, angles)
+
+
+def rotate_adjacent_pairs(x: torch.Tensor, rotation: torch.Tensor) -> torch.Tensor:
+    """Rotates feature pairs ``(2i, 2i + 1)`` of x ``[B, T, H, D]`` by unit complex numbers ``[B, T, H or 1, D/2]``.
+
+    Computed in at least float32 (complex64), returned in x's dtype.
+    """
+    xf = x.to(torch.promote_types(x.dtype, torch.float32)).contiguous()
+    rotated = torch.view_as_complex(xf.unflatten(-1, (-1, 2))) * rotation
+    return torch.view_as_real(rotated).flatten(-2).to(x.dtype)
 
 
 def rope_frequencies(dim: int, base: float) -> torch.Tensor:
@@ -204,12 +260,14 @@ class RoPE(PositionalEncoding):
     def forward(self, q, k, v, x, seq, state):
         positions, new_state = self.positions(seq, state)
         angles = positions * self.frequencies(self._rotary_dim, q.device)
-        cos, sin = angles.cos(), angles.sin()
-        return Encoded(apply_rotary(q, cos, sin), apply_rotary(k, cos, sin), v, None, new_state)
+        return Encoded(rotate_half_pairs(q, angles), rotate_half_pairs(k, angles), v, None, new_state)
 
 
 class RoVE(RoPE):
-    """RoPE on q and k, plus Rotary Value Embeddings: ``y_i = R_i^-1 sum_j A_ij R_j v_j = sum_j A_ij R_{j-i} v_j``."""
+    """RoPE on q and k, plus Rotary Value Embeddings: ``y_i = R_i^-1 sum_j A_ij R_j v_j = sum_j A_ij R_{j-i} v_j``.
+
+    Value pair ``(2i, 2i + 1)`` turns at ``base^(-2i/V)`` per position.
+    """
 
     kind = "rove"
 
@@ -222,10 +280,9 @@ class RoVE(RoPE):
         positions, new_state = self.positions(seq, state)
         qk_angles = positions * self.frequencies(self._rotary_dim, q.device)
         v_angles = positions * self.frequencies(self.dims.head_v_dim, q.device)
-        cos, sin = qk_angles.cos(), qk_angles.sin()
-        v_cos, v_sin = v_angles.cos(), v_angles.sin()
-        return Encoded(apply_rotary(q, cos, sin), apply_rotary(k, cos, sin), apply_rotary(v, v_cos, v_sin), None,
-                       new_state, value_rotation=(v_cos, v_sin))
+        v_rotation = torch.polar(torch.ones_like(v_angles), v_angles)
+        return Encoded(rotate_half_pairs(q, qk_angles), rotate_half_pairs(k, qk_angles),
+                       rotate_adjacent_pairs(v, v_rotation), None, new_state, value_rotation=v_rotation)
 
 
 def segment_cumsum(x: torch.Tensor, seq: SequenceInfo) -> torch.Tensor:
@@ -333,7 +390,9 @@ class SelectiveRoPE(PositionalEncoding):
     def angle_rates(self, x: torch.Tensor, seq: SequenceInfo, conv_state: torch.Tensor | None):
         """``omega`` ``[B, T, H_kv, K/2]`` float32 (zero on padding) and the new convolution window."""
         B, T, _ = x.shape
-        xh = F.normalize(x.view(B, T, self.heads, self.chunk).float(), dim=-1).to(x.dtype)
+        xf = x.view(B, T, self.heads, self.chunk).float()
+        # F.normalize's x / max(|x|, 1e-12), as one multiplication: its backward takes two passes fewer
+        xh = (xf * xf.square().sum(-1, keepdim=True).clamp_min(1e-24).rsqrt()).to(x.dtype)
         if self.settings.selective_rope_rank is not None:
             phi = self.phi_up(self.phi_down(xh.reshape(B, T, -1)))
         else:
@@ -355,11 +414,9 @@ class SelectiveRoPE(PositionalEncoding):
         if state.get("theta") is not None:
             theta = theta + state["theta"][:, None]
         angles = theta * self.tau.float()
-        cos, sin = angles.cos(), angles.sin()
-        q_cos, q_sin = (cos, sin) if self.group == 1 else (cos.repeat_interleave(self.group, 2),
-                                                          sin.repeat_interleave(self.group, 2))
+        q_angles = angles if self.group == 1 else angles.repeat_interleave(self.group, 2)
         log_decay = None
         if self._adds_decay:
             log_decay = seq.zero_padding(F.logsigmoid(self.decay_proj(x).float()))
         new_state = {"theta": theta[:, -1], "conv": conv_state}
-        return Encoded(apply_rotary(q, q_cos, q_sin), apply_rotary(k, cos, sin), v, log_decay, new_state)
+        return Encoded(rotate_half_pairs(q, q_angles), rotate_half_pairs(k, angles), v, log_decay, new_state)

@@ -149,3 +149,42 @@ def pad_time(x: torch.Tensor, multiple: int) -> torch.Tensor:
     if pad == 0:
         return x
     return torch.cat([x, x.new_zeros(x.shape[0], pad, *x.shape[2:])], dim=1)
+
+
+# Chunk-heads per block of the chunked PyTorch kernels: a block's state-free work stays in cache until
+# its part of the scan consumes it, which keeps the time linear in T (one pass over a [B, H, n, C, D]
+# tensor at T = 16384 falls out of a 32 MiB L3 and runs at memory speed).
+BLOCK_CHUNK_HEADS = 128
+
+
+def to_chunks(x: torch.Tensor, chunk: int) -> torch.Tensor:
+    """``[B, T, H, *D]`` -> chunk-major ``[n, B*H, chunk, *D]``, contiguous, zero-padded at the end (n >= 1)."""
+    B, T, H = x.shape[:3]
+    x = pad_time(x, chunk) if T > 0 else x.new_zeros(B, chunk, *x.shape[2:])
+    n = x.shape[1] // chunk
+    x = x.view(B, n, chunk, H, *x.shape[3:]).transpose(2, 3).transpose(0, 1)
+    return x.reshape(n, B * H, chunk, *x.shape[4:]).contiguous()
+
+
+def from_chunks(o: torch.Tensor, batch_size: int, seq_len: int) -> torch.Tensor:
+    """Inverse of :func:`to_chunks` for ``[n, B*H, C, V]``: ``[B, T, H, V]``, the padding dropped."""
+    n, BH, C, V = o.shape
+    H = BH // batch_size
+    o = o.view(n, batch_size, H, C, V).permute(1, 0, 3, 2, 4).reshape(batch_size, n * C, H, V)
+    return o if n * C == seq_len else o[:, :seq_len]
+
+
+def chunk_blocks(*xs: torch.Tensor | None) -> list[tuple[torch.Tensor | None, ...]]:
+    """Splits chunk-major tensors ``[n, B*H, ...]`` into blocks of about BLOCK_CHUNK_HEADS chunk-heads.
+
+    ``split``, not slicing: autograd then joins the blocks' gradients with one cat instead of a zero-filled
+    full-size gradient per block. None entries stay None in every block.
+    """
+    ref = next(x for x in xs if x is not None)
+    n, BH = ref.shape[:2]
+    block = max(1, BLOCK_CHUNK_HEADS // BH)
+    if n <= block:
+        return [xs]
+    parts = [x.split(block) if x is not None else None for x in xs]
+    count = len(next(p for p in parts if p is not None))
+    return list(zip(*(p if p is not None else [None] * count for p in parts)))

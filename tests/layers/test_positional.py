@@ -6,6 +6,7 @@ import torch
 import torch.nn.functional as F
 
 from rotarium.layers import HeadDims, PositionalSettings, SequenceInfo, build_mixer, build_positional
+from rotarium.layers.positional import rotate_half_pairs
 from rotarium.ops import chunk_gla
 from tests.layers.helpers import FAMILIES, HIDDEN, make_mixer, run
 
@@ -41,6 +42,12 @@ def rotation_matrix(angles: torch.Tensor) -> torch.Tensor:
     return R
 
 
+def adjacent_rotation_matrix(angles: torch.Tensor) -> torch.Tensor:
+    """[P] angles -> [2P, 2P] block rotation acting on adjacent pairs (2i, 2i + 1): RoVE's value pairing."""
+    blocks = [torch.tensor([[a.cos(), -a.sin()], [a.sin(), a.cos()]], dtype=torch.float64) for a in angles]
+    return torch.block_diag(*blocks)
+
+
 def test_rove_equals_the_explicit_attentive_convolution():
     """y_i = sum_j A_ij R_{j-i} W_V x_j, with A the softmax attention of the RoPE-rotated q and k."""
     mixer = make_mixer("transformer", "rove", num_kv_heads=4).double()
@@ -52,6 +59,7 @@ def test_rove_equals_the_explicit_attentive_convolution():
     v = mixer.v_proj(x).view(T, H, D)
     base = mixer.positional.settings.rope_theta
     qk_freq = base ** (-torch.arange(0, D, 2, dtype=torch.float64) / D)
+    v_freq = qk_freq  # the value head size equals the key head size here
     rot = [rotation_matrix(t * qk_freq) for t in range(T)]
     y = torch.zeros(T, H, D, dtype=torch.float64)
     for h in range(H):
@@ -59,7 +67,7 @@ def test_rove_equals_the_explicit_attentive_convolution():
                               for i in range(T)]) * D ** -0.5
         A = logits.masked_fill(torch.ones(T, T, dtype=torch.bool).triu(1), float("-inf")).softmax(-1)
         for i in range(T):
-            y[i, h] = sum(A[i, j] * (rotation_matrix((j - i) * qk_freq) @ v[j, h]) for j in range(i + 1))
+            y[i, h] = sum(A[i, j] * (adjacent_rotation_matrix((j - i) * v_freq) @ v[j, h]) for j in range(i + 1))
     expected = mixer.o_proj(y.reshape(1, T, H * D))
     assert (out - expected).abs().max() <= 1e-5  # the ops compute in float32
 
@@ -191,3 +199,19 @@ def test_rfa_spectrum_is_deterministic_and_saved():
     b = build_positional(PositionalSettings(position_encoding="selective_rope", selective_rope_spectrum="rfa"), dims)
     assert torch.equal(a.tau, b.tau) and "tau" in a.state_dict()
     assert not a.tau.requires_grad and math.isclose(a.tau.max().item(), a.tau[0].item())
+
+
+@pytest.mark.parametrize(("heads", "rotary_pairs"), [(1, 4), (3, 4), (3, 2)])  # broadcast over heads; partial rotary
+def test_rotation_gradients(heads, rotary_pairs):
+    """The hand-written backward of the q/k rotation against finite differences, the angles' gradient included."""
+    x = torch.randn(2, 5, 3, 8, dtype=torch.float64, requires_grad=True)
+    angles = torch.randn(2, 5, heads, rotary_pairs, dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradcheck(rotate_half_pairs, (x, angles))
+
+
+def test_rotation_matches_the_rotation_matrix():
+    x = torch.randn(5, 8, dtype=torch.float64)
+    angles = torch.randn(5, 4, dtype=torch.float64)
+    expected = torch.stack([rotation_matrix(a) @ row for a, row in zip(angles, x)])
+    rotated = rotate_half_pairs(x[None, :, None], angles[None, :, None])[0, :, 0]
+    torch.testing.assert_close(rotated, expected)

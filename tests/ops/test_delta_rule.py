@@ -9,6 +9,7 @@ from fla.ops.delta_rule.naive import delta_rule_recurrence
 from fla.ops.gated_delta_rule.naive import naive_recurrent_gated_delta_rule
 
 import rotarium.ops.delta_rule.chunk as chunk_module
+import rotarium.ops.utils as ops_utils
 from rotarium.ops.delta_rule import (
     chunk_delta_rule,
     chunk_gated_delta_rule,
@@ -122,7 +123,7 @@ def test_bfloat16_matches_oracles_on_rounded_inputs(name, T):
 @pytest.mark.parametrize("h0", [True, False])
 @pytest.mark.parametrize("gated", [True, False])
 def test_several_blocks_of_chunks(gated, h0, monkeypatch):
-    monkeypatch.setattr(chunk_module, "BLOCK_CHUNK_HEADS", 8)  # B*H = 4: blocks of 2 chunks
+    monkeypatch.setattr(ops_utils, "BLOCK_CHUNK_HEADS", 8)  # B*H = 4: blocks of 2 chunks
     op = chunk_gated_delta_rule if gated else chunk_delta_rule
     x = make_inputs(T=300, gated=gated, h0=h0)  # 5 chunks: blocks of 2, 2, 1
     ours = run(lambda x: call(op, x, output_final_state=True), x)

@@ -3,6 +3,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+import rotarium.ops.utils as ops_utils
 from rotarium.ops.gla import chunk_gla, fused_recurrent_gla, naive_recurrent_gla
 
 fla_naive = pytest.importorskip("fla.ops.gla.naive").naive_recurrent_gla
@@ -203,6 +204,16 @@ def test_extreme_decays(op, regime):
     }[regime]
     for oracle in ORACLES.values():
         check_against(OPS[op], oracle, x, torch.randn(2, 2, 16, 32), True, atol=2e-4)
+
+
+@pytest.mark.parametrize("regime", ["usual", "by_chunk"])
+def test_several_blocks_of_chunks(regime, monkeypatch):
+    monkeypatch.setattr(ops_utils, "BLOCK_CHUNK_HEADS", 8)  # B*H = 4: blocks of 2 chunks
+    x = make_inputs(T=300)  # 5 chunks: blocks of 2, 2, 1
+    if regime == "by_chunk":  # blocks differ in whether their exponents need the floor
+        x["g"] = torch.where((torch.arange(300) // 128 % 2 == 0)[:, None, None], -20.0, -0.05 * torch.rand(x["g"].shape))
+    for oracle in ORACLES.values():
+        check_against(run_chunk, oracle, x, torch.randn(2, 2, 16, 32), True, atol=2e-4)
 
 
 def test_long_sequence():

@@ -30,13 +30,15 @@ from rotarium.ops.utils import (
     check_same_device,
     check_same_dtype,
     check_tensor,
-    pad_time,
+    chunk_blocks,
+    from_chunks,
     run_packed,
+    to_chunks,
 )
 
 CHUNK_SIZE = 64
-# chunk-heads per block of the PyTorch path (see _chunk_gated_delta_rule_fwd)
-BLOCK_CHUNK_HEADS = 128
+# Largest |exponent| of the factored intra-chunk decay (see _intra_chunk); e^40 is far inside float32's range.
+BOUND = 40.0
 L2NORM_EPS = 1e-6  # fla's l2norm_fwd default, so both backends normalise alike
 
 _warned_float32 = False
@@ -103,13 +105,22 @@ def _intra_chunk(
     causal = torch.ones(C, C, dtype=torch.bool, device=q.device).tril()
     k_beta = k * beta
     if gamma is not None:
-        # exp only of non-positive differences: mask the upper triangle to -inf before exp
-        decay = (gamma[..., :, None] - gamma[..., None, :]).masked_fill(~causal, float("-inf")).exp()
         decay_in = gamma.exp()[..., None]  # exp(gamma_i): decay from the chunk start to i
-        A = (k_beta @ kt) * decay
-        P = (q @ kt) * decay
+        if bool((gamma[..., 0] - gamma[..., -1]).amax() <= 2 * BOUND):
+            # decay_ij = exp(gamma_i - c) exp(c - gamma_j) with c the middle of each chunk's range: both factors
+            # within e^+-BOUND, so the scalings go on the [C, K] operands and no [C, C] decay is ever built.
+            # Entries above the diagonal may be large; the solver never reads them and P masks them out.
+            centre = ((gamma[..., :1] + gamma[..., -1:]) / 2).detach()  # A and P do not depend on it
+            rise = (gamma - centre).exp()[..., None]
+            k_fall = k / rise
+            A = (k_beta * rise) @ k_fall.transpose(-1, -2)
+            P = ((q * rise) @ k_fall.transpose(-1, -2)).masked_fill(~causal, 0.0)
+        else:  # some chunk decays by more than e^-2BOUND: exp only of non-positive differences, masked first
+            decay = (gamma[..., :, None] - gamma[..., None, :]).masked_fill(~causal, float("-inf")).exp()
+            A = (k_beta @ kt) * decay
+            P = (q @ kt) * decay
         rhs = torch.cat([v * beta, k_beta * decay_in], -1)
-        k_out = k * decay[..., -1, :, None]  # exp(gamma_C - gamma_j): decay from j to the chunk end
+        k_out = k * (gamma[..., -1:, None] - gamma[..., None]).exp()  # exp(gamma_C - gamma_j): j to the chunk end
         q_in = q * decay_in
     else:
         A = k_beta @ kt
@@ -140,39 +151,24 @@ def _chunk_gated_delta_rule_fwd(
     """The chunkwise algorithm of the module docstring on float32 ``[B, T, H, D]`` inputs (g None: no decay)."""
     B, T, H, K = q.shape
     V = v.shape[-1]
-    C = CHUNK_SIZE
-    n = max(-(-T // C), 1)
-
-    def chunks(x: torch.Tensor) -> torch.Tensor:  # [B, T, H, *D] -> chunk-major [n, B*H, C, *D], contiguous
-        x = pad_time(x, C) if T > 0 else x.new_zeros(B, C, *x.shape[2:])
-        x = x.view(B, n, C, H, *x.shape[3:]).transpose(2, 3).transpose(0, 1)
-        return x.reshape(n, B * H, C, *x.shape[4:]).contiguous()
-
-    q, k, v, beta = chunks(q), chunks(k), chunks(v), chunks(beta)[..., None]
-    gamma = None if g is None else chunks(g).cumsum(-1)  # within-chunk cumulative log decay, <= 0
-
-    # Blocks of chunks: a block's state-free work stays in cache until its part of the scan consumes
-    # it, which keeps the time linear in T. split, not slicing: autograd then joins the blocks'
-    # gradients with one cat instead of a zero-filled full-size gradient per block.
-    block = max(1, BLOCK_CHUNK_HEADS // (B * H))
-    blocks = [x.split(block) if n > block else [x] for x in (q, k, v, beta)]
-    blocks.append([None] * len(blocks[0]) if gamma is None else (gamma.split(block) if n > block else [gamma]))
+    q, k, v, beta = (to_chunks(x, CHUNK_SIZE) for x in (q, k, v, beta))
+    beta = beta[..., None]
+    gamma = None if g is None else to_chunks(g, CHUNK_SIZE).cumsum(-1)  # within-chunk cumulative log decay, <= 0
 
     S = None if initial_state is None else initial_state.float().reshape(B * H, K, V)
     outputs = []
-    for q_b, k_b, v_b, beta_b, gamma_b in zip(*blocks):
+    for q_b, k_b, v_b, beta_b, gamma_b in chunk_blocks(q, k, v, beta, gamma):
         G, N, Q_state, O_intra = _intra_chunk(q_b, k_b, v_b, gamma_b, beta_b)
         states = []
-        # unbind and stack, not indexing, for the same reason as split above
+        # unbind and stack, not indexing: linear-cost backward, as with the blocks
         for G_c, N_c in zip(G.unbind(0), N.unbind(0)):
             states.append(q.new_zeros(B * H, K, V) if S is None else S)
             S = N_c if S is None else torch.baddbmm(N_c, G_c, S)
         S_in = torch.stack(states)  # the state entering each chunk
         o = torch.baddbmm(O_intra.flatten(0, 1), Q_state.flatten(0, 1), S_in.flatten(0, 1), beta=scale, alpha=scale)
-        outputs.append(o)
-    o = outputs[0] if len(outputs) == 1 else torch.cat(outputs)
-    o = o.view(n, B, H, C, V).permute(1, 0, 3, 2, 4).reshape(B, n * C, H, V)
-    return (o if n * C == T else o[:, :T]), (S.view(B, H, K, V) if output_final_state else None)
+        outputs.append(o.view_as(O_intra))
+    o = from_chunks(outputs[0] if len(outputs) == 1 else torch.cat(outputs), B, T)
+    return o, (S.view(B, H, K, V) if output_final_state else None)
 
 
 def chunk_gated_delta_rule_torch(

@@ -1,7 +1,8 @@
 """Chunkwise GLA: fla's Triton kernel on CUDA, a chunked PyTorch implementation everywhere else.
 
-PyTorch path, per chunk of 64 tokens with the within-chunk cumulative log decay b: the states at the
-chunk starts come from a short loop over chunks (everything else batched), the inter-chunk output is
+PyTorch path, per chunk of 64 tokens with the within-chunk cumulative log decay b, in blocks of chunks (see
+rotarium.ops.utils.chunk_blocks): the states at the chunk starts come from a short loop over chunks (everything
+else batched), the inter-chunk output is
 ``(q * exp(b)) @ S``, and the intra-chunk scores ``A_ts = sum_i q_ti k_si exp(b_ti - b_si)`` are built
 without ever exponentiating a large positive number (see :func:`_intra_chunk_scores`).
 """
@@ -20,8 +21,10 @@ from rotarium.ops.utils import (
     check_same_device,
     check_same_dtype,
     check_tensor,
-    pad_time,
+    chunk_blocks,
+    from_chunks,
     run_packed,
+    to_chunks,
 )
 
 CHUNK = 64
@@ -58,13 +61,6 @@ def check_gla_inputs(
     check_initial_state(initial_state, N, H, K, V, q.device)
     for name, g in gates.items():
         check_log_decay(name, g)
-
-
-def _to_chunks(x: torch.Tensor) -> torch.Tensor:
-    """``[B, T, H, D]`` -> float32 ``[B, H, n_chunks, CHUNK, D]``, zero-padded at the end."""
-    B, _, H, D = x.shape
-    x = pad_time(x.float(), CHUNK)
-    return x.transpose(1, 2).reshape(B, H, -1, CHUNK, D).contiguous()
 
 
 def _exp(x: torch.Tensor, floor: bool) -> torch.Tensor:
@@ -133,6 +129,29 @@ def _upper(size: int, device: torch.device) -> torch.Tensor:
     return torch.ones(size, size, dtype=torch.bool, device=device).triu(1)
 
 
+def _gla_block(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, state: torch.Tensor, scale: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """One block of m chunks ``[m, N, C, D]`` from the state entering it ``[N, K, V]``: ``(o, state after)``."""
+    b = g.cumsum(-2)  # within-chunk cumulative log decay, <= 0 and decreasing
+    b_last = b[..., -1:, :]
+    floor = bool(b_last.min() < -FLOOR)  # b is monotone: no exponent below can be lower than b_last
+
+    # Inter-chunk: the state at each chunk start; everything but the decay-and-add runs batched.
+    kv = (k * _exp(b_last - b, floor)).transpose(-1, -2) @ v  # [m, N, K, V]
+    decay = _exp(b_last.transpose(-1, -2), floor)  # [m, N, K, 1]
+    starts = []
+    for decay_c, kv_c in zip(decay.unbind(0), kv.unbind(0)):  # unbind, not indexing: linear-cost backward
+        starts.append(state)
+        state = decay_c * state + kv_c
+    o = (q * _exp(b, floor)) @ torch.stack(starts)
+    # the intra-chunk term, the sum and the scale in one call
+    C, V = v.shape[-2:]
+    o = torch.baddbmm(o.view(-1, C, V), _intra_chunk_scores(q, k, b, floor).view(-1, C, C), v.view(-1, C, V),
+                      beta=scale, alpha=scale)
+    return o.view_as(v), state
+
+
 def chunk_gla_torch(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, scale: float,
     initial_state: torch.Tensor | None = None, output_final_state: bool = False,
@@ -140,28 +159,14 @@ def chunk_gla_torch(
     """The chunked PyTorch kernel on an unpacked batch; returns ``o`` in float32 ``[B, T, H, V]``."""
     B, T, H, K = q.shape
     V = v.shape[-1]
-    q, k, v, g = map(_to_chunks, (q, k, v, g))
-    n = q.shape[2]
-    b = g.cumsum(-2)  # within-chunk cumulative log decay, <= 0 and decreasing
-    b_last = b[..., -1:, :]
-    floor = bool(b_last.min() < -FLOOR)  # b is monotone: no exponent below can be lower than b_last
-
-    # Inter-chunk: the state at each chunk start; everything but the decay-and-add runs batched.
-    kv = (k * _exp(b_last - b, floor)).transpose(-1, -2) @ v  # [B, H, n, K, V]
-    decay = _exp(b_last.transpose(-1, -2), floor)  # [B, H, n, K, 1]
-    state = q.new_zeros(B, H, K, V) if initial_state is None else initial_state.float()
-    starts = []
-    for decay_c, kv_c in zip(decay.unbind(2), kv.unbind(2)):  # unbind, not indexing: linear-cost backward
-        starts.append(state)
-        state = decay_c * state + kv_c
-    o = (q * _exp(b, floor)) @ torch.stack(starts, dim=2)
-    # the intra-chunk term, the sum and the scale in one call
-    o = torch.baddbmm(
-        o.view(-1, CHUNK, V), _intra_chunk_scores(q, k, b, floor).view(-1, CHUNK, CHUNK), v.view(-1, CHUNK, V),
-        beta=scale, alpha=scale,
-    )
-    o = o.view(B, H, n * CHUNK, V).transpose(1, 2)[:, :T]
-    return o, state if output_final_state else None
+    q, k, v, g = (to_chunks(x.float(), CHUNK) for x in (q, k, v, g))  # [n, B*H, C, D]
+    state = q.new_zeros(B * H, K, V) if initial_state is None else initial_state.float().reshape(B * H, K, V)
+    outputs = []
+    for block in chunk_blocks(q, k, v, g):
+        o, state = _gla_block(*block, state, scale)
+        outputs.append(o)
+    o = from_chunks(outputs[0] if len(outputs) == 1 else torch.cat(outputs), B, T)
+    return o, state.view(B, H, K, V) if output_final_state else None
 
 
 def chunk_gla(
