@@ -1,6 +1,13 @@
-"""Timing helpers shared by the benchmark scripts."""
+"""Timing helpers shared by the benchmark scripts.
+
+This machine is shared: its speed drifts by 20-50% over seconds to minutes. So contenders are timed
+round-robin (one call each per round, in the same conditions), a time is the best of its rounds, and a ratio
+is the median over rounds of the two contenders' times in the same round, which cancels the drift instead
+of trusting whichever run happened to be lucky.
+"""
 from __future__ import annotations
 
+import statistics
 import time
 from collections.abc import Callable, Hashable
 
@@ -12,25 +19,36 @@ def _sync() -> None:
         torch.cuda.synchronize()
 
 
-def time_calls(fns: dict[Hashable, Callable[[], object]], repeats: int = 3, warmup: int = 1) -> dict[Hashable, float]:
-    """Best wall-clock seconds of each function over ``repeats`` rounds.
-
-    The functions are timed round-robin, one call each per round, so that a slow spell of a shared
-    machine hits every contender of a ratio alike instead of whichever was being timed at the
-    time; the minimum is the least noisy estimate of each.
-    """
+def time_rounds(fns: dict[Hashable, Callable[[], object]], repeats: int = 3,
+                warmup: int = 1) -> dict[Hashable, list[float]]:
+    """Wall-clock seconds of every call of each function, over ``repeats`` round-robin rounds."""
     for fn in fns.values():
         for _ in range(warmup):
             fn()
-    best = dict.fromkeys(fns, float("inf"))
+    samples: dict[Hashable, list[float]] = {key: [] for key in fns}
     for _ in range(repeats):
         for key, fn in fns.items():
             _sync()
             start = time.perf_counter()
             fn()
             _sync()
-            best[key] = min(best[key], time.perf_counter() - start)
-    return best
+            samples[key].append(time.perf_counter() - start)
+    return samples
+
+
+def best(samples: dict[Hashable, list[float]]) -> dict[Hashable, float]:
+    """The least noisy single-contender estimate: each one's fastest round."""
+    return {key: min(times) for key, times in samples.items()}
+
+
+def paired_ratio(numerator: list[float], denominator: list[float]) -> float:
+    """Median over rounds of ``numerator / denominator`` timed in the same round."""
+    return statistics.median(a / b for a, b in zip(numerator, denominator))
+
+
+def time_calls(fns: dict[Hashable, Callable[[], object]], repeats: int = 3, warmup: int = 1) -> dict[Hashable, float]:
+    """Best wall-clock seconds of each function, timed round-robin."""
+    return best(time_rounds(fns, repeats, warmup))
 
 
 def time_call(fn: Callable[[], object], repeats: int = 3, warmup: int = 1) -> float:

@@ -1,6 +1,7 @@
 """Forward+backward time of every mixer with every positional option, as a ratio to the same mixer with NoPE.
 
-Targets: RoPE and RoVE within 1.10 of NoPE, Selective RoPE within 1.20. One small CPU shape by default:
+Targets: RoPE and RoVE within 1.10 of NoPE, Selective RoPE within 1.20. The NoPE column is its best time; a ratio is
+the median over rounds of the two times measured in the same round (see common.py). One small CPU shape by default:
 ``python benchmarks/layers.py [--batch 4] [--seq-len 512] [--hidden 256] [--heads 4] [--repeats 30]``.
 """
 from __future__ import annotations
@@ -12,7 +13,7 @@ import sys
 import torch
 
 sys.path.insert(0, os.path.dirname(__file__))
-from common import time_calls, verdict  # noqa: E402
+from common import best, paired_ratio, time_rounds, verdict  # noqa: E402
 
 from rotarium.layers import MIXERS, POSITION_ENCODINGS, PositionalSettings, SequenceInfo, build_mixer  # noqa: E402
 
@@ -47,10 +48,11 @@ def main() -> None:
                 mixer.zero_grad(set_to_none=True)
 
             steps[pe] = step
-        times = time_calls(steps, args.repeats)
+        samples = time_rounds(steps, args.repeats)
+        times = best(samples)
         cells = []
         for pe in POSITION_ENCODINGS:
-            ratio = times[pe] / times["nope"]
+            ratio = paired_ratio(samples[pe], samples["nope"])
             good = ratio <= TARGETS[pe]
             ok &= good
             cells.append(f"{times[pe] * 1e3:.1f} ms" if pe == "nope" else f"{ratio:.3f} {verdict(good)}")

@@ -204,14 +204,17 @@ def test_rfa_spectrum_is_deterministic_and_saved():
 @pytest.mark.parametrize(("heads", "rotary_pairs"), [(1, 4), (3, 4), (3, 2)])  # broadcast over heads; partial rotary
 def test_rotation_gradients(heads, rotary_pairs):
     """The hand-written backward of the q/k rotation against finite differences, the angles' gradient included."""
-    x = torch.randn(2, 5, 3, 8, dtype=torch.float64, requires_grad=True)
+    q = torch.randn(2, 5, 3, 8, dtype=torch.float64, requires_grad=True)
+    k = torch.randn(2, 5, 1 if heads == 1 else 3, 8, dtype=torch.float64, requires_grad=True)
     angles = torch.randn(2, 5, heads, rotary_pairs, dtype=torch.float64, requires_grad=True)
-    assert torch.autograd.gradcheck(rotate_half_pairs, (x, angles))
+    assert torch.autograd.gradcheck(rotate_half_pairs, (angles, q, k))
+    assert torch.autograd.gradcheck(lambda a, q, k: rotate_half_pairs(a, q, k)[0], (angles, q, k))  # k's unused
 
 
 def test_rotation_matches_the_rotation_matrix():
     x = torch.randn(5, 8, dtype=torch.float64)
     angles = torch.randn(5, 4, dtype=torch.float64)
     expected = torch.stack([rotation_matrix(a) @ row for a, row in zip(angles, x)])
-    rotated = rotate_half_pairs(x[None, :, None], angles[None, :, None])[0, :, 0]
+    (rotated,) = rotate_half_pairs(angles[None, :, None], x[None, :, None])
+    rotated = rotated[0, :, 0]
     torch.testing.assert_close(rotated, expected)
