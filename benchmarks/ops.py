@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(__file__))
-from common import time_calls, verdict  # noqa: E402
+from common import best, paired_ratio, time_rounds, verdict  # noqa: E402
 
 from rotarium.ops import chunk_delta_rule, chunk_gated_delta_rule, chunk_gla, parallel_forgetting_attn  # noqa: E402
 
@@ -72,12 +72,12 @@ def against_transformers(repeats: int) -> bool:
     reference = getattr(modeling_qwen3_next.torch_chunk_gated_delta_rule, "__wrapped__",
                         modeling_qwen3_next.torch_chunk_gated_delta_rule)
     x = make_inputs(1, 4096, 4, 64, 64)
-    times = time_calls({
+    samples = time_rounds({
         "ours": OPS["chunk_gated_delta_rule"](x),
         "theirs": fwd_bwd(lambda q, k, v, g, b: reference(q, k, v, g, b), x["q"], x["k"], x["v"], x["g_head"], x["beta"]),
     }, repeats)
-    ours, theirs = times["ours"], times["theirs"]
-    ratio = ours / theirs
+    ours, theirs = best(samples).values()
+    ratio = paired_ratio(samples["ours"], samples["theirs"])
     print("## chunk_gated_delta_rule vs transformers' torch_chunk_gated_delta_rule (B=1 T=4096 H=4 K=V=64, fwd+bwd)")
     print(f"rotarium {ours:.3f} s | transformers {theirs:.3f} s | ratio {ratio:.2f} (target <= 0.50) {verdict(ratio <= 0.5)}")
     return ratio <= 0.5
@@ -86,25 +86,26 @@ def against_transformers(repeats: int) -> bool:
 def scaling(lengths: list[int], repeats: int) -> bool:
     inputs = {T: make_inputs(1, T, 4, 64, 64) for T in lengths}
     # every (op, length) in one round-robin, so the growth ratios compare like with like on a shared machine
-    measured = time_calls({(name, T): make(inputs[T]) for T in lengths for name, make in OPS.items()}, repeats)
-    times = {name: {T: measured[name, T] for T in lengths} for name in OPS}
-    print("\n## forward+backward seconds, B=1 H=4 K=V=64 float32 (PyTorch backend)")
+    samples = time_rounds({(name, T): make(inputs[T]) for T in lengths for name, make in OPS.items()}, repeats)
+    times = {name: {T: min(samples[name, T]) for T in lengths} for name in OPS}
+    print("\n## forward+backward seconds (best round), B=1 H=4 K=V=64 float32 (PyTorch backend); ratios are medians "
+          "of same-round pairs")
     print("| op | " + " | ".join(f"T={T}" for T in lengths) + " | t(16384)/t(4096) |")
     print("|---|" + "---|" * (len(lengths) + 1))
     ok = True
     for name in OPS:
         row = times[name]
-        growth = row[16384] / row[4096] if 16384 in row and 4096 in row else float("nan")
+        growth = paired_ratio(samples[name, 16384], samples[name, 4096]) if {4096, 16384} <= set(row) else float("nan")
         print(f"| {name} | " + " | ".join(f"{row[T]:.3f}" for T in lengths) + f" | {growth:.2f} |")
     print()
     for name in LINEAR_OPS:
         row = times[name]
-        if 16384 in row and 4096 in row:
-            growth = row[16384] / row[4096]
+        if {4096, 16384} <= set(row):
+            growth = paired_ratio(samples[name, 16384], samples[name, 4096])
             ok &= growth <= 4.5
             print(f"{name}: growth 4096->16384 {growth:.2f}x (target <= 4.5) {verdict(growth <= 4.5)}")
         for T in (T for T in lengths if T >= 8192):
-            ratio = row[T] / times["sdpa (causal)"][T]
+            ratio = paired_ratio(samples[name, T], samples["sdpa (causal)", T])
             ok &= ratio < 1
             print(f"{name}: T={T} time / SDPA {ratio:.2f} (target < 1) {verdict(ratio < 1)}")
     return ok

@@ -159,7 +159,7 @@ class _RotateHalf(torch.autograd.Function):
                     continue
                 g1, g2 = g[..., :half].to(sin.dtype), g[..., half:2 * half].to(sin.dtype)
                 out1, out2 = out[..., :half].to(sin.dtype), out[..., half:2 * half].to(sin.dtype)
-                term = (g2 * out1).sub_(g1 * out2).sum_to_size(ctx.angles_shape)
+                term = torch.addcmul(g2 * out1, g1, out2, value=-1.0).sum_to_size(ctx.angles_shape)
                 grad_angles = term if grad_angles is None else grad_angles.add_(term)
         return grad_angles, *grad_xs
 
