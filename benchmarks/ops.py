@@ -85,8 +85,9 @@ def against_transformers(repeats: int) -> bool:
 
 def scaling(lengths: list[int], repeats: int) -> bool:
     inputs = {T: make_inputs(1, T, 4, 64, 64) for T in lengths}
-    # every (op, length) in one round-robin, so the growth ratios compare like with like on a shared machine
-    samples = time_rounds({(name, T): make(inputs[T]) for T in lengths for name, make in OPS.items()}, repeats)
+    # every (op, length) in one round-robin, so the ratios compare like with like on a shared machine; an op's
+    # lengths run back to back, so that its growth is not measured just after another op's biggest run
+    samples = time_rounds({(name, T): make(inputs[T]) for name, make in OPS.items() for T in lengths}, repeats)
     times = {name: {T: min(samples[name, T]) for T in lengths} for name in OPS}
     print("\n## forward+backward seconds (best round), B=1 H=4 K=V=64 float32 (PyTorch backend); ratios are medians "
           "of same-round pairs")
