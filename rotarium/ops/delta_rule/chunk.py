@@ -103,9 +103,10 @@ def _intra_chunk(
     C, K, V = q.shape[-2], k.shape[-1], v.shape[-1]
     kt = k.transpose(-1, -2)
     causal = torch.ones(C, C, dtype=torch.bool, device=q.device).tril()
-    k_beta = k * beta
     if gamma is not None:
         decay_in = gamma.exp()[..., None]  # exp(gamma_i): decay from the chunk start to i
+        # the per-token factors multiply each other first ([.., C, 1]), then k once
+        rhs = torch.cat([v * beta, k * (beta * decay_in)], -1)
         if bool((gamma[..., 0] - gamma[..., -1]).amax() <= 2 * BOUND):
             # decay_ij = exp(gamma_i - c) exp(c - gamma_j) with c the middle of each chunk's range: both factors
             # within e^+-BOUND, so the scalings go on the [C, K] operands and no [C, C] decay is ever built.
@@ -113,16 +114,16 @@ def _intra_chunk(
             centre = ((gamma[..., :1] + gamma[..., -1:]) / 2).detach()  # A and P do not depend on it
             rise = (gamma - centre).exp()[..., None]
             k_fall = k * (centre - gamma).exp()[..., None]  # a product: its backward is cheaper than a quotient's
-            A = (k_beta * rise) @ k_fall.transpose(-1, -2)
+            A = (k * (beta * rise)) @ k_fall.transpose(-1, -2)
             P = ((q * rise) @ k_fall.transpose(-1, -2)).masked_fill(~causal, 0.0)
         else:  # some chunk decays by more than e^-2BOUND: exp only of non-positive differences, masked first
             decay = (gamma[..., :, None] - gamma[..., None, :]).masked_fill(~causal, float("-inf")).exp()
-            A = (k_beta @ kt) * decay
+            A = ((k * beta) @ kt) * decay
             P = (q @ kt) * decay
-        rhs = torch.cat([v * beta, k_beta * decay_in], -1)
         k_out = k * (gamma[..., -1:, None] - gamma[..., None]).exp()  # exp(gamma_C - gamma_j): j to the chunk end
         q_in = q * decay_in
     else:
+        k_beta = k * beta
         A = k_beta @ kt
         P = (q @ kt).masked_fill(~causal, 0.0)
         rhs = torch.cat([v * beta, k_beta], -1)
