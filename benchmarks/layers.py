@@ -20,6 +20,15 @@ from rotarium.layers import MIXERS, POSITION_ENCODINGS, PositionalSettings, Sequ
 TARGETS = {"nope": 1.0, "rope": 1.10, "rove": 1.10, "selective_rope": 1.20}
 
 
+def training_step(mixer: torch.nn.Module, x: torch.Tensor, seq: SequenceInfo):
+    def step():
+        out, _ = mixer(x, seq)
+        out.sum().backward()
+        mixer.zero_grad(set_to_none=True)
+
+    return step
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--batch", type=int, default=4)
@@ -36,18 +45,19 @@ def main() -> None:
     print("| mixer | " + " | ".join(POSITION_ENCODINGS) + " |")
     print("|---|" + "---|" * len(POSITION_ENCODINGS))
     ok = True
+    rotation_only = {}
     for family in MIXERS:
+        settings = {pe: PositionalSettings(position_encoding=pe) for pe in POSITION_ENCODINGS}
         steps = {}
-        for pe in POSITION_ENCODINGS:
-            mixer = build_mixer(family, hidden_size=args.hidden, num_heads=args.heads,
-                                positional=PositionalSettings(position_encoding=pe))
-
-            def step(mixer=mixer):
-                out, _ = mixer(x, seq)
-                out.sum().backward()
-                mixer.zero_grad(set_to_none=True)
-
-            steps[pe] = step
+        for name, positional in settings.items():
+            mixer = build_mixer(family, hidden_size=args.hidden, num_heads=args.heads, positional=positional)
+            steps[name] = training_step(mixer, x, seq)
+            if name == "selective_rope" and mixer.positional.adds_decay:
+                # informative: the same option without the decay it adds to this decay-less mixer, which changes
+                # the kernel (softmax -> forgetting attention, delta rule -> gated delta rule)
+                mixer = build_mixer(family, hidden_size=args.hidden, num_heads=args.heads, positional=PositionalSettings(
+                    position_encoding="selective_rope", selective_rope_decay=False))
+                steps["rotation only"] = training_step(mixer, x, seq)
         samples = time_rounds(steps, args.repeats)
         times = best(samples)
         cells = []
@@ -57,6 +67,11 @@ def main() -> None:
             ok &= good
             cells.append(f"{times[pe] * 1e3:.1f} ms" if pe == "nope" else f"{ratio:.3f} {verdict(good)}")
         print(f"| {family} | " + " | ".join(cells) + " |")
+        if "rotation only" in samples:
+            rotation_only[family] = paired_ratio(samples["rotation only"], samples["nope"])
+    if rotation_only:
+        print("\nSelective RoPE without its added decay (rotation only): "
+              + ", ".join(f"{family} {ratio:.3f}" for family, ratio in rotation_only.items()))
     print(f"\ntargets (RoPE/RoVE <= 1.10, Selective RoPE <= 1.20): {verdict(ok)}")
 
 
