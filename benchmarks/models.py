@@ -17,7 +17,7 @@ import time
 import torch
 
 sys.path.insert(0, os.path.dirname(__file__))
-from common import time_call, verdict  # noqa: E402
+from common import best, paired_ratio, time_rounds, verdict  # noqa: E402
 
 from rotarium.models import CONFIGS, FAMILY_MODELS  # noqa: E402
 
@@ -40,7 +40,7 @@ def llama(args, intermediate_size: int):
     return LlamaForCausalLM(config)
 
 
-def training_tokens_per_second(model, args) -> float:
+def training_step(model, args):
     model.train()
     ids = torch.randint(0, VOCAB, (args.batch, args.seq_len))
 
@@ -48,7 +48,7 @@ def training_tokens_per_second(model, args) -> float:
         model(input_ids=ids, labels=ids).loss.backward()
         model.zero_grad(set_to_none=True)
 
-    return args.batch * args.seq_len / time_call(step, args.repeats)
+    return step
 
 
 @torch.no_grad()
@@ -77,22 +77,21 @@ def main() -> None:
     parser.add_argument("--heads", type=int, default=4)
     parser.add_argument("--seq-len", type=int, default=512)
     parser.add_argument("--batch", type=int, default=4)
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--decode-steps", type=int, default=32)
     args = parser.parse_args()
     print(f"d={args.hidden} layers={args.layers} heads={args.heads} B={args.batch} T={args.seq_len}, float32, "
           f"{torch.get_num_threads()} threads")
 
     print("\n## training throughput (forward+backward)")
-    throughput = {}
-    for family in CONFIGS:
-        throughput[family] = training_tokens_per_second(build(family, args), args)
-    ours = build("transformer", args, position_encoding="rope")
-    throughput["llama (transformers)"] = training_tokens_per_second(llama(args, ours.config.intermediate_size), args)
-    for name, tps in throughput.items():
-        print(f"| {name} | {tps:,.0f} tokens/s |")
-    ratio = throughput["transformer"] / throughput["llama (transformers)"]
-    print(f"rotarium Transformer / Llama: {ratio:.2f} (target >= 0.90) {verdict(ratio >= 0.9)}")
+    steps = {family: training_step(build(family, args), args) for family in CONFIGS}  # the Transformer uses RoPE
+    steps["llama (transformers)"] = training_step(llama(args, build("transformer", args).config.intermediate_size), args)
+    samples = time_rounds(steps, args.repeats)
+    for name, seconds in best(samples).items():
+        print(f"| {name} | {args.batch * args.seq_len / seconds:,.0f} tokens/s |")
+    # a speed ratio: Llama's time over ours, each round's pair measured back to back
+    ratio = paired_ratio(samples["llama (transformers)"], samples["transformer"])
+    print(f"rotarium Transformer / Llama speed: {ratio:.2f} (target >= 0.90) {verdict(ratio >= 0.9)}")
 
     print("\n## per-token decoding latency (batch 1, after a prefill of the context)")
     latency = {family: {} for family in CONFIGS}
