@@ -78,8 +78,7 @@ class _CausalDepthwiseConv(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, weight, history, lag_masks, silu):
-        B, T, C = x.shape
-        W = weight.shape[1]
+        T, W = x.shape[1], weight.shape[1]
         z = x * weight[:, W - 1].to(x.dtype)  # lag 0
         for lag, (out_rows, x_rows), from_history in itertools.islice(_lagged_terms(T, W, history), 1, None):
             tap = weight[:, W - 1 - lag].to(x.dtype)
