@@ -46,15 +46,5 @@ def paired_ratio(numerator: list[float], denominator: list[float]) -> float:
     return statistics.median(a / b for a, b in zip(numerator, denominator))
 
 
-def time_calls(fns: dict[Hashable, Callable[[], object]], repeats: int = 3, warmup: int = 1) -> dict[Hashable, float]:
-    """Best wall-clock seconds of each function, timed round-robin."""
-    return best(time_rounds(fns, repeats, warmup))
-
-
-def time_call(fn: Callable[[], object], repeats: int = 3, warmup: int = 1) -> float:
-    """Best wall-clock seconds of one function over ``repeats`` runs."""
-    return time_calls({None: fn}, repeats, warmup)[None]
-
-
 def verdict(ok: bool) -> str:
     return "PASS" if ok else "FAIL"

@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(__file__))
-from common import time_calls, verdict  # noqa: E402
+from common import best, paired_ratio, time_rounds, verdict  # noqa: E402
 
 import rotarium.ops as ops  # noqa: E402
 
@@ -84,10 +84,11 @@ def main() -> None:
     print(f"\n## fwd+bwd ms, bf16, B=1 T={args.T} H=4 K=V=64")
     x = inputs(1, args.T, 4, 64, 64, torch.bfloat16)
     for name, (fn, grads) in CASES.items():
-        times = time_calls({backend: lambda backend=backend, fn=fn, grads=grads: run_case(fn, x, grads, backend)
-                            for backend in ("fla", "torch")}, args.repeats)
-        tf, tt = times["fla"], times["torch"]
-        print(f"{name}: fla {tf * 1e3:.2f} ms | torch {tt * 1e3:.2f} ms | torch/fla {tt / tf:.1f}x")
+        samples = time_rounds({backend: lambda backend=backend, fn=fn, grads=grads: run_case(fn, x, grads, backend)
+                               for backend in ("fla", "torch")}, args.repeats)
+        times = best(samples)
+        print(f"{name}: fla {times['fla'] * 1e3:.2f} ms | torch {times['torch'] * 1e3:.2f} ms | "
+              f"torch/fla {paired_ratio(samples['torch'], samples['fla']):.1f}x")
     print(f"\nall comparisons: {verdict(ok)}")
     sys.exit(0 if ok else 1)
 

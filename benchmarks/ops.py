@@ -76,7 +76,8 @@ def against_transformers(repeats: int) -> bool:
         "ours": OPS["chunk_gated_delta_rule"](x),
         "theirs": fwd_bwd(lambda q, k, v, g, b: reference(q, k, v, g, b), x["q"], x["k"], x["v"], x["g_head"], x["beta"]),
     }, repeats)
-    ours, theirs = best(samples).values()
+    times = best(samples)
+    ours, theirs = times["ours"], times["theirs"]
     ratio = paired_ratio(samples["ours"], samples["theirs"])
     print("## chunk_gated_delta_rule vs transformers' torch_chunk_gated_delta_rule (B=1 T=4096 H=4 K=V=64, fwd+bwd)")
     print(f"rotarium {ours:.3f} s | transformers {theirs:.3f} s | ratio {ratio:.2f} (target <= 0.50) {verdict(ratio <= 0.5)}")

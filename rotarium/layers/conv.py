@@ -79,15 +79,16 @@ class _CausalDepthwiseConv(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, weight, history, lag_masks, silu):
         T, W = x.shape[1], weight.shape[1]
-        z = x * weight[:, W - 1].to(x.dtype)  # lag 0
+        taps = weight.to(x.dtype)  # [C, W]; lag l uses column W - 1 - l
+        z = x * taps[:, W - 1]  # lag 0
         for lag, (out_rows, x_rows), from_history in itertools.islice(_lagged_terms(T, W, history), 1, None):
-            tap = weight[:, W - 1 - lag].to(x.dtype)
+            tap = taps[:, W - 1 - lag]
+            if from_history is not None:
+                rows, hist = from_history
+                z[:, rows].addcmul_(history[:, hist], tap)
             if lag_masks is not None:
                 tap = tap * lag_masks[lag][:, out_rows]  # [1, rows, C]: zero across document boundaries
             z[:, out_rows].addcmul_(x[:, x_rows], tap)
-            if from_history is not None:
-                rows, hist = from_history
-                z[:, rows].addcmul_(history[:, hist], weight[:, W - 1 - lag].to(x.dtype))
         ctx.save_for_backward(x, weight, history, z if silu else None)
         ctx.lag_masks, ctx.silu = lag_masks, silu
         return F.silu(z) if silu else z
@@ -98,7 +99,8 @@ class _CausalDepthwiseConv(torch.autograd.Function):
         x, weight, history, z = ctx.saved_tensors
         T, W = x.shape[1], weight.shape[1]
         dz = torch.ops.aten.silu_backward(grad, z) if ctx.silu else grad
-        grad_x = dz * weight[:, W - 1].to(x.dtype) if ctx.needs_input_grad[0] else None  # lag 0
+        taps = weight.to(x.dtype)
+        grad_x = dz * taps[:, W - 1] if ctx.needs_input_grad[0] else None  # lag 0
         acc = torch.promote_types(weight.dtype, torch.float32)  # bf16 sums over B * T tokens would lose digits
         grad_weight = torch.zeros(weight.shape, dtype=acc, device=weight.device)
         for lag, (out_rows, x_rows), from_history in _lagged_terms(T, W, history):
@@ -106,7 +108,7 @@ class _CausalDepthwiseConv(torch.autograd.Function):
             if ctx.lag_masks is not None and lag > 0:
                 d = d * ctx.lag_masks[lag][:, out_rows]
             if grad_x is not None and lag > 0:
-                grad_x[:, x_rows].addcmul_(d, weight[:, W - 1 - lag].to(x.dtype))
+                grad_x[:, x_rows].addcmul_(d, taps[:, W - 1 - lag])
             tap_grad = (d * x[:, x_rows]).sum((0, 1), dtype=acc)
             if from_history is not None:
                 rows, hist = from_history

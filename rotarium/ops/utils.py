@@ -185,6 +185,5 @@ def chunk_blocks(*xs: torch.Tensor | None) -> list[tuple[torch.Tensor | None, ..
     block = max(1, BLOCK_CHUNK_HEADS // BH)
     if n <= block:
         return [xs]
-    parts = [x.split(block) if x is not None else None for x in xs]
-    count = len(next(p for p in parts if p is not None))
-    return list(zip(*(p if p is not None else [None] * count for p in parts)))
+    count = -(-n // block)
+    return list(zip(*(x.split(block) if x is not None else [None] * count for x in xs)))

@@ -2,8 +2,7 @@
 
 PyTorch path, per chunk of 64 tokens with the within-chunk cumulative log decay b, in blocks of chunks (see
 rotarium.ops.utils.chunk_blocks): the states at the chunk starts come from a short loop over chunks (everything
-else batched), the inter-chunk output is
-``(q * exp(b)) @ S``, and the intra-chunk scores ``A_ts = sum_i q_ti k_si exp(b_ti - b_si)`` are built
+else batched), the inter-chunk output is ``(q * exp(b)) @ S``, and the intra-chunk scores ``A_ts = sum_i q_ti k_si exp(b_ti - b_si)`` are built
 without ever exponentiating a large positive number (see :func:`_intra_chunk_scores`).
 """
 from __future__ import annotations
