@@ -73,7 +73,7 @@ class SoftmaxAttention(nn.Module):
             o = parallel_forgetting_attn(enc.q, enc.k, enc.v, g, scale=self.scale, cu_seqlens=seq.cu_seqlens)
             keys, values = enc.k, enc.v
             key_mask = torch.ones(B, T, dtype=torch.bool, device=x.device)
-            log_decay_cumsum = None if g is None else g.cumsum(1)
+            log_decay_cumsum = None if g is None or not use_cache else g.cumsum(1)
         else:
             keys = _append(state.get("keys"), enc.k)
             values = _append(state.get("values"), enc.v)

@@ -103,13 +103,15 @@ class _CausalDepthwiseConv(torch.autograd.Function):
         grad_x = dz * taps[:, W - 1] if ctx.needs_input_grad[0] else None  # lag 0
         acc = torch.promote_types(weight.dtype, torch.float32)  # bf16 sums over B * T tokens would lose digits
         grad_weight = torch.zeros(weight.shape, dtype=acc, device=weight.device)
+        products = torch.empty_like(dz)  # one buffer for every lag's dz * x: fresh MB-sized tensors page-fault
         for lag, (out_rows, x_rows), from_history in _lagged_terms(T, W, history):
             d = dz[:, out_rows]
             if ctx.lag_masks is not None and lag > 0:
                 d = d * ctx.lag_masks[lag][:, out_rows]
             if grad_x is not None and lag > 0:
                 grad_x[:, x_rows].addcmul_(d, taps[:, W - 1 - lag])
-            tap_grad = (d * x[:, x_rows]).sum((0, 1), dtype=acc)
+            product = torch.mul(d, x[:, x_rows], out=products[:, out_rows])
+            tap_grad = product.sum((0, 1), dtype=acc)
             if from_history is not None:
                 rows, hist = from_history
                 tap_grad += (dz[:, rows] * history[:, hist]).sum((0, 1), dtype=acc)

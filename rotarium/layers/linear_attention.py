@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from rotarium.layers.conv import ShortConvolution
-from rotarium.layers.norm import RMSNorm
+from rotarium.layers.norm import RMSNorm, l2_normalize
 from rotarium.layers.positional import Encoded, HeadDims, PositionalSettings, build_positional
 from rotarium.layers.sequence import SequenceInfo
 from rotarium.ops import (
@@ -172,7 +172,7 @@ class DeltaNet(LinearAttentionMixer):
                 getattr(self, name).copy_(value)
 
     def prepare_qk(self, q, k):
-        return F.normalize(q, dim=-1), F.normalize(k, dim=-1)
+        return l2_normalize(q), l2_normalize(k)
 
     def mix(self, enc, x, seq, recurrent, use_cache):
         T = x.shape[1]

@@ -1,13 +1,48 @@
-"""The one RMSNorm of rotarium.
+"""The one RMSNorm of rotarium, and the L2 normalisation over heads' features.
 
 ``torch.nn.RMSNorm`` dispatches to a fused kernel on CUDA in recent PyTorch, so one implementation serves every
 device; fla's fused norm would only save a few percent and would make checkpoints depend on where they were trained.
 """
 from __future__ import annotations
 
+import torch
 from torch import nn
 
 
 class RMSNorm(nn.RMSNorm):
     def __init__(self, hidden_size: int, eps: float = 1e-6):
         super().__init__(hidden_size, eps=eps)
+
+
+class _L2Normalize(torch.autograd.Function):
+    """``y = x / max(|x|, eps)`` over the last dim, computed in at least float32.
+
+    Backward by hand, ``dx = (g - y <g, y>) / max(|x|, eps)``: two full-size tensors where autograd's graph of
+    ``F.normalize`` allocates six, and on CPU every fresh tensor of a few MB costs more in page faults than its
+    arithmetic.
+    """
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, eps: float) -> torch.Tensor:
+        xf = x.to(torch.promote_types(x.dtype, torch.float32))
+        norm = torch.linalg.vector_norm(xf, dim=-1, keepdim=True)
+        clamped = norm < eps  # there the norm is the constant eps, which passes no gradient
+        inverse_norm = norm.clamp_min_(eps).reciprocal_()
+        y = xf * inverse_norm
+        ctx.save_for_backward(y, inverse_norm, clamped)
+        return y.to(x.dtype)
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
+        y, inverse_norm, clamped = ctx.saved_tensors
+        product = grad.to(y.dtype) * y
+        dot = product.sum(-1, keepdim=True).masked_fill_(clamped, 0.0)
+        # product's memory is reused for the result
+        grad_x = product.copy_(grad).addcmul_(y, dot, value=-1.0).mul_(inverse_norm)
+        return grad_x.to(grad.dtype), None
+
+
+def l2_normalize(x: torch.Tensor, eps: float = 1e-12) -> torch.Tensor:
+    """``F.normalize(x, dim=-1)`` with a cheaper backward. x ``[..., D]``; returned in x's dtype."""
+    return _L2Normalize.apply(x, eps)

@@ -24,6 +24,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from rotarium.layers.conv import ACTIVATIONS, ShortConvolution
+from rotarium.layers.norm import l2_normalize
 from rotarium.layers.sequence import SequenceInfo
 
 POSITION_ENCODINGS = ("nope", "rope", "rove", "selective_rope")
@@ -109,47 +110,43 @@ class Encoded:
         return rotate_adjacent_pairs(o, self.value_rotation.conj())
 
 
-def _rotate(x: torch.Tensor, cos2: torch.Tensor, sin: torch.Tensor, inverse: bool = False) -> torch.Tensor:
-    """Rotation of the pairs ``(i, i + R/2)``, ``R = cos2.shape[-1]``, by the angle (minus it with ``inverse``).
+def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, inverse: bool = False) -> torch.Tensor:
+    """Rotation of the pairs ``(i, i + R/2)``, ``R = 2 * cos.shape[-1]``, by the angle (minus it with ``inverse``).
 
-    ``cos2 = [cos, cos]``. Computed in cos2's dtype, returned in x's: ``x * cos2`` in one pass, then the cross terms
-    added in place on each half (measured 1.3x faster on CPU than building the rotated-half tensor).
+    Computed in cos's dtype, returned in x's. Each half is written in place into one output buffer: on CPU a fresh
+    tensor of a few MB costs more in page faults than its arithmetic, so the rotation allocates nothing else.
     """
-    R = cos2.shape[-1]
-    half = R // 2
-    if x.shape[-1] == R:
-        out = x.to(cos2.dtype) * cos2
-    else:  # partial rotary: the rest passes through
-        out = torch.empty(x.shape, dtype=cos2.dtype, device=x.device)
-        torch.mul(x[..., :R], cos2, out=out[..., :R])
-        out[..., R:] = x[..., R:]
+    half = cos.shape[-1]
+    out = torch.empty(x.shape, dtype=cos.dtype, device=x.device)
+    x1, x2, out1, out2 = x[..., :half], x[..., half:2 * half], out[..., :half], out[..., half:2 * half]
     sign = 1.0 if inverse else -1.0
-    out[..., :half].addcmul_(x[..., half:R], sin, value=sign)
-    out[..., half:R].addcmul_(x[..., :half], sin, value=-sign)
+    torch.mul(x1, cos, out=out1).addcmul_(x2, sin, value=sign)
+    torch.mul(x2, cos, out=out2).addcmul_(x1, sin, value=-sign)
+    if x.shape[-1] > 2 * half:  # partial rotary: the rest passes through
+        out[..., 2 * half:] = x[..., 2 * half:]
     return out.to(x.dtype)
 
 
 class _RotateHalf(torch.autograd.Function):
     """Forward and backward by hand, for tensors sharing one set of angles (q and k): cos and sin are computed once,
     the backward of a rotation is the rotation by minus the angle, and the angle's gradient comes from the outputs,
-    ``d(out1, out2)/d angle = (-out2, out1)``. Autograd's graph of the same computation takes three times as many
-    passes over q and k."""
+    ``d(out1, out2)/d angle = (-out2, out1)``, accumulated in place. Autograd's graph of the same computation takes
+    three times as many passes over q and k."""
 
     @staticmethod
     def forward(ctx, angles: torch.Tensor, *xs: torch.Tensor) -> tuple[torch.Tensor, ...]:
         compute = torch.promote_types(xs[0].dtype, torch.float32)  # bf16 would lose the angle's precision
         cos, sin = angles.cos().to(compute), angles.sin().to(compute)
-        cos2 = torch.cat([cos, cos], -1)
-        outs = tuple(_rotate(x, cos2, sin) for x in xs)
+        outs = tuple(_rotate(x, cos, sin) for x in xs)
         ctx.angles_shape = angles.shape
-        ctx.save_for_backward(cos2, sin, *(outs if ctx.needs_input_grad[0] else ()))
+        ctx.save_for_backward(cos, sin, *(outs if ctx.needs_input_grad[0] else ()))
         return outs
 
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, *grads: torch.Tensor | None) -> tuple[torch.Tensor | None, ...]:
-        cos2, sin, *outs = ctx.saved_tensors
-        grad_xs = [None if g is None or not needed else _rotate(g, cos2, sin, inverse=True)
+        cos, sin, *outs = ctx.saved_tensors
+        grad_xs = [None if g is None or not needed else _rotate(g, cos, sin, inverse=True)
                    for g, needed in zip(grads, ctx.needs_input_grad[1:])]
         grad_angles = None
         if ctx.needs_input_grad[0]:
@@ -159,8 +156,11 @@ class _RotateHalf(torch.autograd.Function):
                     continue
                 g1, g2 = g[..., :half].to(sin.dtype), g[..., half:2 * half].to(sin.dtype)
                 out1, out2 = out[..., :half].to(sin.dtype), out[..., half:2 * half].to(sin.dtype)
-                term = torch.addcmul(g2 * out1, g1, out2, value=-1.0).sum_to_size(ctx.angles_shape)
-                grad_angles = term if grad_angles is None else grad_angles.add_(term)
+                if grad_angles is None or grad_angles.shape != g1.shape:
+                    term = torch.mul(g2, out1).addcmul_(g1, out2, value=-1.0).sum_to_size(ctx.angles_shape)
+                    grad_angles = term if grad_angles is None else grad_angles.add_(term)
+                else:  # same shape as the first: accumulate in place
+                    grad_angles.addcmul_(g2, out1).addcmul_(g1, out2, value=-1.0)
         return grad_angles, *grad_xs
 
 
@@ -397,9 +397,7 @@ class SelectiveRoPE(PositionalEncoding):
     def angle_rates(self, x: torch.Tensor, seq: SequenceInfo, conv_state: torch.Tensor | None):
         """``omega`` ``[B, T, H_kv, K/2]`` float32 (zero on padding) and the new convolution window."""
         B, T, _ = x.shape
-        xf = x.view(B, T, self.heads, self.chunk).float()
-        # F.normalize's x / max(|x|, 1e-12), as one multiplication: its backward takes two passes fewer
-        xh = (xf * xf.square().sum(-1, keepdim=True).clamp_min(1e-24).rsqrt()).to(x.dtype)
+        xh = l2_normalize(x.view(B, T, self.heads, self.chunk))
         if self.settings.selective_rope_rank is not None:
             phi = self.phi_up(self.phi_down(xh.reshape(B, T, -1)))
         else:

@@ -58,7 +58,7 @@ class _BlockAttention(torch.autograd.Function):
 
     Heads are flattened into the batch (BH = B * H) and the G query heads sharing a
     key head into the rows, so one matmul serves a whole group and k, v are never
-    repeated: q ``[BH, Tq * G, K]`` (rows ordered (t, g), already scaled),
+    repeated: q ``[BH, Tq * G, K]`` (rows ordered (t, g); ``scale`` rides in the matmuls),
     k ``[BH, Tk, K]``, v ``[BH, Tk, V]``, cq ``[BH, Tq * G]``, ck ``[BH, G, Tk]``
     (float32, or both None). Query i sits at key position ``q_offset + i``.
     ``bounds`` (cu_seqlens as a list, q_offset 0) keeps blocks, and attention,
@@ -84,7 +84,7 @@ class _BlockAttention(torch.autograd.Function):
         """Masked scores of queries [s, e) (rows ``qb``) against keys [ks, ke) (``kT``), in ``ws``.
 
         ``neg_shift`` ``[BH, n * G, 1]`` (or None) is added to every row; with the bias,
-        ``qb`` and ``kT`` carry it instead as one more column -shift and row of ones.
+        ``qb`` and ``kT`` carry it instead as one more column -shift / scale and row of ones.
         """
         BH, G = qb.shape[0], ctx.G
         n, nk = e - s, ke - ks
@@ -96,11 +96,11 @@ class _BlockAttention(torch.autograd.Function):
             if G == 1:  # 3-d broadcasting runs faster
                 rows, cols = rows.view(BH, n, 1), cols.view(BH, 1, nk)
             torch.sub(rows, cols, out=S.view(rows.shape[:-1] + (nk,)))
-            S.baddbmm_(qb, kT)  # adding to S costs the matmul nothing: it is bound by writing S
+            S.baddbmm_(qb, kT, alpha=ctx.scale)  # adding to S costs the matmul nothing: it is bound by writing S
         elif neg_shift is not None:
-            torch.baddbmm(neg_shift, qb, kT, out=S)
+            torch.baddbmm(neg_shift, qb, kT, alpha=ctx.scale, out=S)
         else:
-            torch.bmm(qb, kT, out=S)
+            torch.baddbmm(S, qb, kT, beta=0.0, alpha=ctx.scale, out=S)  # beta 0: S's old contents are ignored
         if ctx.key_mask is None and ctx.window is None:  # causal: only the block's diagonal tile has masked keys
             S.view(BH, n, G, nk)[..., nk - n :].add_(ctx.tile[:n, :, :n])
         else:
@@ -116,10 +116,11 @@ class _BlockAttention(torch.autograd.Function):
         return S
 
     @staticmethod
-    def forward(ctx, q, k, v, cq, ck, bounds, key_mask, q_offset, block, G, window):
+    def forward(ctx, q, k, v, cq, ck, scale, bounds, key_mask, q_offset, block, G, window):
         BH, TG, _ = q.shape
         Tq, Tk = TG // G, k.shape[1]
         ctx.G, ctx.bounds, ctx.key_mask, ctx.q_offset, ctx.block = G, bounds, key_mask, q_offset, block
+        ctx.scale = scale
         ctx.window = window
         nt = min(block, Tq)
         above = torch.ones(nt, nt, dtype=torch.bool, device=q.device).triu_(1)
@@ -158,8 +159,9 @@ class _BlockAttention(torch.autograd.Function):
         dcq = torch.empty_like(cq) if use_c else None
         dck = torch.zeros_like(ck) if use_c else None
         if cq is not None:
-            # subtracting the log-sum-exp rides along in the matmul as one more feature
-            q_aug = torch.cat([q, lse.neg()], -1)
+            # subtracting the log-sum-exp rides along in the matmul as one more feature (divided by the scale the
+            # matmul multiplies by); folding it into cq instead would round it away next to large cumulative gates
+            q_aug = torch.cat([q, lse.neg().div_(ctx.scale)], -1)
             kT = torch.cat([k, k.new_ones(BH, Tk, 1)], -1).transpose(1, 2)
         else:
             q_aug, kT = q, k.transpose(1, 2)
@@ -173,12 +175,12 @@ class _BlockAttention(torch.autograd.Function):
             dv[:, ks:ke].baddbmm_(P.transpose(1, 2), do_b)
             dS = ws_ds[: BH * n * G * nk].view(BH, n * G, nk)
             torch.baddbmm(delta[:, rows].neg(), do_b, v[:, ks:ke].transpose(1, 2), out=dS).mul_(P)
-            dq[:, rows] = torch.bmm(dS, k[:, ks:ke])
-            dk[:, ks:ke].baddbmm_(dS.transpose(1, 2), q[:, rows])
+            dq[:, rows] = torch.bmm(dS, k[:, ks:ke]).mul_(ctx.scale)
+            dk[:, ks:ke].baddbmm_(dS.transpose(1, 2), q[:, rows], alpha=ctx.scale)
             if use_c:
                 dcq[:, rows] = dS.sum(-1)
                 dck[..., ks:ke] -= dS.view(BH, n, G, nk).sum(1)
-        return dq, dk, dv, dcq, dck, None, None, None, None, None, None
+        return dq, dk, dv, dcq, dck, None, None, None, None, None, None, None
 
 
 def block_attention(
@@ -201,7 +203,7 @@ def block_attention(
     B, Tq, HQ, K = q.shape
     Tk, H = k.shape[1], k.shape[2]
     G = HQ // H
-    qh = (q.float() * scale).reshape(B, Tq, H, G, K).transpose(1, 2).reshape(B * H, Tq * G, K).contiguous()
+    qh = q.float().reshape(B, Tq, H, G, K).transpose(1, 2).reshape(B * H, Tq * G, K).contiguous()
     kh = k.float().transpose(1, 2).reshape(B * H, Tk, K).contiguous()
     vh = v.float().transpose(1, 2).reshape(B * H, Tk, -1).contiguous()
     cq = ck = None
@@ -209,7 +211,7 @@ def block_attention(
         cq = q_cumsum.float().reshape(B, Tq, H, G).transpose(1, 2).reshape(B * H, Tq * G).contiguous()
         ck = k_cumsum.float().reshape(B, Tk, H, G).permute(0, 2, 3, 1).reshape(B * H, G, Tk).contiguous()
     block = _block_size(B * HQ, Tk)
-    o = _BlockAttention.apply(qh, kh, vh, cq, ck, bounds, key_mask, q_offset, block, G, window_size)
+    o = _BlockAttention.apply(qh, kh, vh, cq, ck, scale, bounds, key_mask, q_offset, block, G, window_size)
     return o.view(B, H, Tq, G, -1).transpose(1, 2).reshape(B, Tq, HQ, -1)
 
 
