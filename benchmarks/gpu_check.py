@@ -47,6 +47,17 @@ CASES = {
 }
 
 
+# Decoding: a few new tokens continuing from a state (inference, so outputs and final states only).
+DECODING = {
+    "fused_recurrent_gla": lambda x, be: ops.fused_recurrent_gla(
+        x["q"], x["k"], x["v"], gk=x["g_channel"], initial_state=x["h0"], output_final_state=True, backend=be),
+    "fused_recurrent_delta_rule": lambda x, be: ops.fused_recurrent_delta_rule(
+        x["q"], x["k"], x["v"], x["beta"], initial_state=x["h0"], output_final_state=True, backend=be),
+    "fused_recurrent_gated_delta_rule": lambda x, be: ops.fused_recurrent_gated_delta_rule(
+        x["q"], x["k"], x["v"], x["g_head"], x["beta"], initial_state=x["h0"], output_final_state=True, backend=be),
+}
+
+
 def run_case(fn, x: dict[str, torch.Tensor], grad_names: tuple[str, ...], backend: str):
     leaves = {n: t.detach().clone().requires_grad_(n in grad_names) for n, t in x.items()}
     out = fn(leaves, backend)
@@ -80,6 +91,15 @@ def main() -> None:
             good = all(e < tol for e in errs.values())
             ok &= good
             print(f"{name}: " + ", ".join(f"{k} {v:.1e}" for k, v in errs.items()) + f"  {verdict(good)}")
+        steps = inputs(2, 8, 4, 64, 64, dtype)
+        print(f"decoding 8 tokens from a state, dtype {dtype}:")
+        with torch.no_grad():
+            for name, fn in DECODING.items():
+                (of, sf), (ot, st) = fn(steps, "fla"), fn(steps, "torch")
+                errs = {"o": rel_err(of.float(), ot.float()), "state": rel_err(sf.float(), st.float())}
+                good = all(e < tol for e in errs.values())
+                ok &= good
+                print(f"{name}: " + ", ".join(f"{k} {v:.1e}" for k, v in errs.items()) + f"  {verdict(good)}")
 
     print(f"\n## fwd+bwd ms, bf16, B=1 T={args.T} H=4 K=V=64")
     x = inputs(1, args.T, 4, 64, 64, torch.bfloat16)
