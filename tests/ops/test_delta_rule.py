@@ -302,3 +302,15 @@ def test_float32_that_would_go_to_fla_runs_pytorch_with_one_warning(op, monkeypa
         warnings.simplefilter("error")
         o_again, _ = call(op, x)
     assert_close(o, o_again, 0)
+
+
+@pytest.mark.parametrize("C", [64, 128, 48, 16])
+def test_unit_lower_inverse_reads_only_the_strict_lower_triangle(C):
+    torch.manual_seed(0)
+    A = torch.randn(3, 2, C, C, dtype=torch.float64) * 0.3
+    A_with_garbage = A.tril(-1) + torch.randn_like(A).triu() * 1e6  # diagonal and above: never read
+    expected = torch.linalg.inv(torch.eye(C, dtype=torch.float64) + A.tril(-1))
+    assert torch.allclose(chunk_module.unit_lower_inverse_(A_with_garbage), expected, atol=1e-10)
+    leaf = (torch.randn(2, C, C, dtype=torch.float64) * 0.1).requires_grad_()
+    # gradcheck on a copy: the op overwrites its input
+    assert torch.autograd.gradcheck(lambda a: chunk_module.unit_lower_inverse_(a.clone()), (leaf,), fast_mode=True)

@@ -92,6 +92,68 @@ def l2norm(x: torch.Tensor) -> torch.Tensor:
     return x * torch.rsqrt(x.pow(2).sum(-1, keepdim=True) + L2NORM_EPS)
 
 
+# Side of the diagonal blocks that unit_lower_inverse inverts with a triangular solve before doubling them.
+INVERSE_BASE = 16
+
+
+def _invert_unit_lower_(A: torch.Tensor) -> torch.Tensor:
+    """``(I + tril(A, -1))^-1`` of a contiguous ``[N, C, C]``, written over A (only its strict lower triangle is read).
+
+    The diagonal blocks of side INVERSE_BASE are inverted by one batched triangular solve, then inverses of
+    blocks of side s are merged into blocks of side 2s, ``[[L11, 0], [L21, L22]]^-1`` having the lower-left
+    block ``-L22^-1 L21 L11^-1`` (as fla's solve_tril). Each merge reads A's L21 block before writing the
+    inverse's block in its place, and no earlier step wrote there, so A's memory holds the result: a fresh
+    [N, C, C] buffer costs more in page faults than the arithmetic. Batched LAPACK triangular solves of
+    [64, 64] matrices run twice as slow on CPU as this whole inverse and the matmul applying it.
+    """
+    N, C, _ = A.shape
+    base = INVERSE_BASE if C % INVERSE_BASE == 0 and (C // INVERSE_BASE) & (C // INVERSE_BASE - 1) == 0 else C
+
+    def diagonal_blocks(side: int) -> torch.Tensor:
+        """The diagonal ``[side, side]`` blocks of A, as a view ``[N, side, side, C / side]``."""
+        return A.view(N, C // side, side, C // side, side).diagonal(dim1=1, dim2=3)
+
+    blocks = diagonal_blocks(base).permute(0, 3, 1, 2)
+    eye = torch.eye(base, dtype=A.dtype, device=A.device).expand(blocks.shape)
+    blocks.copy_(torch.linalg.solve_triangular(blocks, eye, upper=False, unitriangular=True))
+    side = base
+    while side < C:
+        pairs = diagonal_blocks(2 * side)
+        lower = pairs[:, side:, :side].permute(0, 3, 1, 2)
+        first, second = (pairs[:, rows, rows].permute(0, 3, 1, 2) for rows in (slice(None, side), slice(side, None)))
+        lower.copy_((second @ lower @ first).neg_())
+        pairs[:, :side, side:] = 0.0  # A's entries above the diagonal, before the merged block is used as an inverse
+        side *= 2
+    return A
+
+
+class _UnitLowerInverse(torch.autograd.Function):
+    """``T = (I + tril(A, -1))^-1`` with ``dA = -T^T dT T^T`` on the strict lower triangle (zero elsewhere).
+
+    Overwrites A (a fresh matmul result that nothing else reads) with T.
+    """
+
+    @staticmethod
+    def forward(ctx, A: torch.Tensor) -> torch.Tensor:
+        ctx.mark_dirty(A)
+        _invert_unit_lower_(A.view(-1, *A.shape[-2:]))
+        ctx.save_for_backward(A)
+        return A
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad: torch.Tensor) -> torch.Tensor:
+        (inverse,) = ctx.saved_tensors
+        transposed = inverse.transpose(-1, -2)
+        return (transposed @ grad @ transposed).neg_().tril_(-1)
+
+
+def unit_lower_inverse_(A: torch.Tensor) -> torch.Tensor:
+    """``(I + tril(A, -1))^-1`` for ``A`` ``[..., C, C]``, in A's memory when contiguous (the strict lower triangle
+    is all that is read)."""
+    return _UnitLowerInverse.apply(A.contiguous())
+
+
 def _intra_chunk(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, gamma: torch.Tensor | None, beta: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -128,8 +190,7 @@ def _intra_chunk(
         P = (q @ kt).masked_fill(~causal, 0.0)
         rhs = torch.cat([v * beta, k_beta], -1)
         k_out, q_in = k, q
-    # unitriangular: the solver reads only the strict lower triangle of A and its unit diagonal
-    UW = torch.linalg.solve_triangular(A, rhs, upper=False, unitriangular=True)  # [m, BH, C, V + K]
+    UW = unit_lower_inverse_(A) @ rhs  # [m, BH, C, V + K]
     O_intra, PW = (P @ UW).split([V, K], -1)
     N, KW = (k_out.transpose(-1, -2) @ UW).split([V, K], -1)
     Q_state = q_in - PW
