@@ -157,10 +157,7 @@ def chunk_gla_torch(
     """The chunked PyTorch kernel on an unpacked batch; returns ``o`` in float32 ``[B, T, H, V]``."""
     B, T, H, K = q.shape
     V = v.shape[-1]
-    if initial_state is None:
-        state = q.new_zeros(B * H, K, V, dtype=torch.float32)
-    else:
-        state = initial_state.float().reshape(B * H, K, V)
+    state = q.new_zeros(B * H, K, V) if initial_state is None else initial_state.float().reshape(B * H, K, V)
     outputs = []
     for block in time_blocks(CHUNK, *(x.float() for x in (q, k, v, g))):  # each [m, B*H, C, D]
         o, state = _gla_block(*block, state, scale)
