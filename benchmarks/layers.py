@@ -1,8 +1,9 @@
 """Forward+backward time of every mixer with every positional option, as a ratio to the same mixer with NoPE.
 
 Targets: RoPE and RoVE within 1.10 of NoPE, Selective RoPE within 1.20. The NoPE column is its best time; a ratio is
-the median over rounds of the two times measured in the same round (see common.py). One small CPU shape by default:
-``python benchmarks/layers.py [--batch 4] [--seq-len 512] [--hidden 256] [--heads 4] [--repeats 30]``.
+the median over rounds of the two times measured in the same round (see common.py). The backward includes the
+gradient of the mixer's input, as in training. One small CPU shape by default:
+``python benchmarks/layers.py [--batch 4] [--seq-len 512] [--hidden 256] [--heads 4] [--repeats 30] [--no-input-grad]``.
 """
 from __future__ import annotations
 
@@ -25,6 +26,7 @@ def training_step(mixer: torch.nn.Module, x: torch.Tensor, seq: SequenceInfo):
         out, _ = mixer(x, seq)
         out.sum().backward()
         mixer.zero_grad(set_to_none=True)
+        x.grad = None
 
     return step
 
@@ -36,12 +38,15 @@ def main() -> None:
     parser.add_argument("--hidden", type=int, default=256)
     parser.add_argument("--heads", type=int, default=4)
     parser.add_argument("--repeats", type=int, default=30)
+    parser.add_argument("--no-input-grad", action="store_true",
+                        help="skip the gradient of the mixer's input (before 2026-12-03 the benchmark did)")
     args = parser.parse_args()
     torch.manual_seed(0)
-    x = torch.randn(args.batch, args.seq_len, args.hidden)
+    # in training every mixer's input needs its gradient (it comes from the blocks below), so its backward does too
+    x = torch.randn(args.batch, args.seq_len, args.hidden, requires_grad=not args.no_input_grad)
     seq = SequenceInfo.build(x)
-    print(f"forward+backward, B={args.batch} T={args.seq_len} d={args.hidden} H={args.heads}, float32, "
-          f"{torch.get_num_threads()} threads; ratio to the same mixer with NoPE")
+    print(f"forward+backward{' (no input gradient)' if args.no_input_grad else ''}, B={args.batch} T={args.seq_len} "
+          f"d={args.hidden} H={args.heads}, float32, {torch.get_num_threads()} threads; ratio to the same mixer with NoPE")
     print("| mixer | " + " | ".join(POSITION_ENCODINGS) + " |")
     print("|---|" + "---|" * len(POSITION_ENCODINGS))
     ok = True
