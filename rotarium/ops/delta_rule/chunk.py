@@ -92,7 +92,7 @@ def l2norm(x: torch.Tensor) -> torch.Tensor:
     return x * torch.rsqrt(x.pow(2).sum(-1, keepdim=True) + L2NORM_EPS)
 
 
-# Side of the diagonal blocks that unit_lower_inverse inverts with a triangular solve before doubling them.
+# Side of the diagonal blocks that unit_lower_inverse_ inverts with a triangular solve before doubling them.
 INVERSE_BASE = 16
 
 
