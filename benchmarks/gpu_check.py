@@ -71,6 +71,13 @@ def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
     return ((a - b).norm() / b.norm().clamp_min(1e-12)).item()
 
 
+def report(name: str, errs: dict[str, float], tol: float) -> bool:
+    """Prints one comparison's relative errors; whether all are under ``tol``."""
+    good = all(e < tol for e in errs.values())
+    print(f"{name}: " + ", ".join(f"{k} {v:.1e}" for k, v in errs.items()) + f"  {verdict(good)}")
+    return good
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--T", type=int, default=4096)
@@ -84,24 +91,20 @@ def main() -> None:
         print(f"\n## fla vs torch path, dtype {dtype}, B=2 T=1000 H=4 K=V=64 (relative L2 errors)")
         if dtype == torch.float32:
             print("(fla's chunked delta-rule kernels reject float32: rotarium runs its PyTorch path for both sides)")
+        tol = 2e-2 if dtype == torch.bfloat16 else 2e-3
         for name, (fn, grads) in CASES.items():
             of, sf, gf = run_case(fn, x, grads, "fla")
             ot, st, gt = run_case(fn, x, grads, "torch")
             errs = {"o": rel_err(of, ot)} | ({"state": rel_err(sf, st)} if sf is not None else {})
             errs |= {f"d{n}": rel_err(gf[n], gt[n]) for n in grads}
-            tol = 2e-2 if dtype == torch.bfloat16 else 2e-3
-            good = all(e < tol for e in errs.values())
-            ok &= good
-            print(f"{name}: " + ", ".join(f"{k} {v:.1e}" for k, v in errs.items()) + f"  {verdict(good)}")
+            ok &= report(name, errs, tol)
         steps = inputs(2, 8, 4, 64, 64, dtype)
         print(f"decoding 8 tokens from a state, dtype {dtype}:")
         with torch.no_grad():
             for name, fn in DECODING.items():
                 (of, sf), (ot, st) = fn(steps, "fla"), fn(steps, "torch")
-                errs = {"o": rel_err(of.float(), ot.float()), "state": rel_err(sf.float(), st.float())}
-                good = all(e < tol for e in errs.values())
-                ok &= good
-                print(f"{name}: " + ", ".join(f"{k} {v:.1e}" for k, v in errs.items()) + f"  {verdict(good)}")
+                ok &= report(name, {"o": rel_err(of.float(), ot.float()), "state": rel_err(sf.float(), st.float())},
+                             tol)
 
     print(f"\n## fwd+bwd ms, bf16, B=1 T={args.T} H=4 K=V=64")
     x = inputs(1, args.T, 4, 64, 64, torch.bfloat16)

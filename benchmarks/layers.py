@@ -52,10 +52,10 @@ def main() -> None:
     ok = True
     rotation_only = {}
     for family in MIXERS:
-        settings = {pe: PositionalSettings(position_encoding=pe) for pe in POSITION_ENCODINGS}
         steps = {}
-        for name, positional in settings.items():
-            mixer = build_mixer(family, hidden_size=args.hidden, num_heads=args.heads, positional=positional)
+        for name in POSITION_ENCODINGS:
+            mixer = build_mixer(family, hidden_size=args.hidden, num_heads=args.heads,
+                                positional=PositionalSettings(position_encoding=name))
             steps[name] = training_step(mixer, x, seq)
             if name == "selective_rope" and mixer.positional.adds_decay:
                 # informative: the same option without the decay it adds to this decay-less mixer, which changes
