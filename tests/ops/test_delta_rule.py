@@ -217,6 +217,17 @@ def test_extreme_gates(name, g_value, beta_value):
     assert_runs_match(ours, run(our_oracle(True), x), 1e-4)
 
 
+@pytest.mark.parametrize("span", [0.9, 1.1])
+def test_chunk_decay_just_inside_and_past_the_chunk_end_bound(span):
+    """Chunks decaying by just under e^-BOUND take the factored path (q and beta k scaled by up to e^BOUND);
+    just over, the masked-exponent path. Both must match the recurrence, gradients included."""
+    x = make_inputs(T=130)
+    with torch.no_grad():
+        x["g"].fill_(-span * chunk_module.BOUND / chunk_module.CHUNK_SIZE)
+    ours = run(lambda x: call(chunk_gated_delta_rule, x, output_final_state=True), x)
+    assert_runs_match(ours, run(our_oracle(True), x), 1e-4)
+
+
 def test_long_sequence_is_finite_and_matches_oracle():
     x = make_inputs(B=1, T=16384, H=1, K=8, V=8)
     with torch.no_grad():

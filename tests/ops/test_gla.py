@@ -5,6 +5,7 @@ import torch.nn.functional as F
 
 import rotarium.ops.utils as ops_utils
 from rotarium.ops.gla import chunk_gla, fused_recurrent_gla, naive_recurrent_gla
+from rotarium.ops.gla.chunk import BOUND, CHUNK
 
 fla_naive = pytest.importorskip("fla.ops.gla.naive").naive_recurrent_gla
 
@@ -82,11 +83,17 @@ def check_against(op, oracle, inputs, h0, final, atol, rtol=1e-4):
 CASES = [(1, "none"), (1, "both"), (64, "initial"), (100, "both"), (130, "final"), (130, "none")]
 
 
+# A mean log decay of about -0.09 a step keeps every chunk's decay within e^-BOUND (the chunk kernel measures
+# exponents from the chunk ends); about -0.9 a step takes most chunks past it (exponents centred, or bisection).
+GATE_SCALES = {"mild": 0.1, "strong": 1.0}
+
+
 @pytest.mark.parametrize("op", OPS)
 @pytest.mark.parametrize("oracle", ORACLES)
 @pytest.mark.parametrize(("T", "state"), CASES)
-def test_matches_oracles_float32(op, oracle, T, state):
-    inputs = make_inputs(T=T)
+@pytest.mark.parametrize("gates", GATE_SCALES)
+def test_matches_oracles_float32(op, oracle, T, state, gates):
+    inputs = make_inputs(T=T, gate_scale=GATE_SCALES[gates])
     h0 = torch.randn(2, 2, 16, 32) if state in ("initial", "both") else None
     check_against(OPS[op], ORACLES[oracle], inputs, h0, state in ("final", "both"), atol=2e-4)
 
@@ -209,9 +216,18 @@ def test_extreme_decays(op, regime):
 @pytest.mark.parametrize("regime", ["usual", "by_chunk"])
 def test_several_blocks_of_chunks(regime, monkeypatch):
     monkeypatch.setattr(ops_utils, "BLOCK_CHUNK_HEADS", 8)  # B*H = 4: blocks of 2 chunks
-    x = make_inputs(T=300)  # 5 chunks: blocks of 2, 2, 1
+    x = make_inputs(T=300, gate_scale=GATE_SCALES["mild"] if regime == "usual" else 1.0)  # 5 chunks: blocks of 2, 2, 1
     if regime == "by_chunk":  # blocks differ in whether their exponents need the floor
         x["g"] = torch.where((torch.arange(300) // 128 % 2 == 0)[:, None, None], -20.0, -0.05 * torch.rand(x["g"].shape))
+    for oracle in ORACLES.values():
+        check_against(run_chunk, oracle, x, torch.randn(2, 2, 16, 32), True, atol=2e-4)
+
+
+@pytest.mark.parametrize("span", [0.9, 1.1])
+def test_chunk_decay_just_inside_and_past_the_chunk_end_bound(span):
+    """A chunk decaying by just under e^-BOUND has queries scaled by up to e^BOUND; just over, the other path."""
+    x = make_inputs(T=130)
+    x["g"] = torch.full(x["g"].shape, -span * BOUND / CHUNK)
     for oracle in ORACLES.values():
         check_against(run_chunk, oracle, x, torch.randn(2, 2, 16, 32), True, atol=2e-4)
 

@@ -14,6 +14,8 @@ Substituting u, everything but S is known before the scan:
 ``O = Q' S + P U`` with ``Q' = exp(gamma) Q - P W``, and ``S' = G S + N`` with
 ``G = exp(gamma_C) I - (exp(gamma_C - gamma) K)^T W``, ``N = (exp(gamma_C - gamma) K)^T U``.
 So the sequential part is one ``[K, K] @ [K, V]`` matmul per chunk; all the rest is batched over chunks.
+Where every chunk decays by at most e^-BOUND, the factor ``exp(gamma_C)`` that W, Q' and G share is taken out
+of them and applied to the ``[K, V]`` state entering the chunk instead (see :func:`_intra_chunk`).
 """
 from __future__ import annotations
 
@@ -156,48 +158,53 @@ def unit_lower_inverse_(A: torch.Tensor) -> torch.Tensor:
 
 def _intra_chunk(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, gamma: torch.Tensor | None, beta: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """Everything that does not depend on the state, batched over chunks ``[m, B*H, C, D]``.
 
-    Returns G ``[m, BH, K, K]``, N ``[m, BH, K, V]`` (state map ``S' = G S + N``) and Q_state ``[m, BH, C, K]``,
-    O_intra ``[m, BH, C, V]`` (outputs ``O = Q_state S + O_intra``, unscaled).
+    Returns G ``[m, BH, K, K]``, N ``[m, BH, K, V]``, Q_state ``[m, BH, C, K]``, O_intra ``[m, BH, C, V]`` and
+    ``decay`` ``[m, BH, 1, 1]`` or None: with ``S_hat = decay * S`` (S itself when None), the chunk's outputs are
+    ``O = Q_state S_hat + O_intra`` (unscaled) and the next state ``S' = G S_hat + N``.
     """
     C, K, V = q.shape[-2], k.shape[-1], v.shape[-1]
-    kt = k.transpose(-1, -2)
     causal = torch.ones(C, C, dtype=torch.bool, device=q.device).tril()
-    if gamma is not None:
-        decay_in = gamma.exp()[..., None]  # exp(gamma_i): decay from the chunk start to i
-        # the per-token factors multiply each other first ([.., C, 1]), then k once
-        rhs = torch.cat([v * beta, k * (beta * decay_in)], -1)
-        if bool((gamma[..., 0] - gamma[..., -1]).amax() <= 2 * BOUND):
-            # decay_ij = exp(gamma_i - c) exp(c - gamma_j) with c the middle of each chunk's range: both factors
-            # within e^+-BOUND, so the scalings go on the [C, K] operands and no [C, C] decay is ever built.
-            # Entries above the diagonal may be large; the solver never reads them and P masks them out.
-            centre = ((gamma[..., :1] + gamma[..., -1:]) / 2).detach()  # A and P do not depend on it
-            rise = (gamma - centre).exp()[..., None]
-            k_fall = k * (centre - gamma).exp()[..., None]  # a product: its backward is cheaper than a quotient's
-            A = (k * (beta * rise)) @ k_fall.transpose(-1, -2)
-            P = ((q * rise) @ k_fall.transpose(-1, -2)).masked_fill(~causal, 0.0)
-        else:  # some chunk decays by more than e^-2BOUND: exp only of non-positive differences, masked first
-            decay = (gamma[..., :, None] - gamma[..., None, :]).masked_fill(~causal, float("-inf")).exp()
-            A = ((k * beta) @ kt) * decay
-            P = (q @ kt) * decay
-        k_out = k * (gamma[..., -1:, None] - gamma[..., None]).exp()  # exp(gamma_C - gamma_j): j to the chunk end
-        q_in = q * decay_in
-    else:
+    decay = None
+    if gamma is None:
         k_beta = k * beta
-        A = k_beta @ kt
-        P = (q @ kt).masked_fill(~causal, 0.0)
+        A = k_beta @ k.transpose(-1, -2)
+        P = (q @ k.transpose(-1, -2)).masked_fill_(~causal, 0.0)
         rhs = torch.cat([v * beta, k_beta], -1)
         k_out, q_in = k, q
+    elif bool(gamma[..., -1].amin() >= -BOUND):  # every chunk decays by at most e^-BOUND: usual gates
+        # Every decay measured from the chunk's end: exp(gamma_i - gamma_C) in [1, e^BOUND] on q and on beta k,
+        # exp(gamma_C - gamma_j) <= 1 on k, so no [C, C] decay is built, and k's scaled copy is also the one that
+        # carries k_j to the chunk end. The remaining factor exp(gamma_C) of W, Q_state and G becomes one scaling of
+        # the [K, V] state per chunk instead of three more scaled [C, K] copies of q and k (and their backward).
+        # Entries of A above the diagonal may be large; the solver never reads them and P masks them out.
+        last = gamma[..., -1:]
+        rise = (gamma - last).exp()[..., None]
+        k_out = k * (last - gamma).exp()[..., None]  # a product: its backward is cheaper than a quotient's
+        k_rise = k * (beta * rise)
+        q_in = q * rise
+        A = k_rise @ k_out.transpose(-1, -2)
+        P = (q_in @ k_out.transpose(-1, -2)).masked_fill_(~causal, 0.0)
+        rhs = torch.cat([v * beta, k_rise], -1)
+        decay = last.exp()[..., None]
+    else:  # some chunk decays by more: exp only of non-positive differences, masked first
+        decay_in = gamma.exp()[..., None]  # exp(gamma_i): decay from the chunk start to i
+        decays = (gamma[..., :, None] - gamma[..., None, :]).masked_fill(~causal, float("-inf")).exp()
+        A = ((k * beta) @ k.transpose(-1, -2)) * decays
+        P = (q @ k.transpose(-1, -2)) * decays
+        rhs = torch.cat([v * beta, k * (beta * decay_in)], -1)
+        k_out = k * (gamma[..., -1:, None] - gamma[..., None]).exp()  # exp(gamma_C - gamma_j): j to the chunk end
+        q_in = q * decay_in
     UW = unit_lower_inverse_(A) @ rhs  # [m, BH, C, V + K]
     O_intra, PW = (P @ UW).split([V, K], -1)
     N, KW = (k_out.transpose(-1, -2) @ UW).split([V, K], -1)
     Q_state = q_in - PW
     G = -KW
     # G = exp(gamma_C) I - KW: the diagonal is a view of a fresh tensor, so autograd follows the in-place add
-    G.diagonal(dim1=-2, dim2=-1).add_(1.0 if gamma is None else decay_in[..., -1, :])
-    return G, N, Q_state, O_intra
+    G.diagonal(dim1=-2, dim2=-1).add_(1.0 if gamma is None or decay is not None else decay_in[..., -1, :])
+    return G, N, Q_state, O_intra, decay
 
 
 def _chunk_gated_delta_rule_fwd(
@@ -220,13 +227,16 @@ def _chunk_gated_delta_rule_fwd(
     S = None if initial_state is None else initial_state.float().reshape(B * H, K, V)
     outputs = []
     for q_b, k_b, v_b, beta_b, gamma_b in chunk_blocks(q, k, v, beta, gamma):
-        G, N, Q_state, O_intra = _intra_chunk(q_b, k_b, v_b, gamma_b, beta_b)
+        G, N, Q_state, O_intra, decay = _intra_chunk(q_b, k_b, v_b, gamma_b, beta_b)
+        decays = [None] * G.shape[0] if decay is None else decay.unbind(0)
         states = []
         # unbind and stack, not indexing: linear-cost backward, as with the blocks
-        for G_c, N_c in zip(G.unbind(0), N.unbind(0)):
+        for G_c, N_c, decay_c in zip(G.unbind(0), N.unbind(0), decays):
+            if S is not None and decay_c is not None:
+                S = S * decay_c
             states.append(q.new_zeros(B * H, K, V) if S is None else S)
             S = N_c if S is None else torch.baddbmm(N_c, G_c, S)
-        S_in = torch.stack(states)  # the state entering each chunk
+        S_in = torch.stack(states)  # the (decayed) state entering each chunk
         o = torch.baddbmm(O_intra.flatten(0, 1), Q_state.flatten(0, 1), S_in.flatten(0, 1), beta=scale, alpha=scale)
         outputs.append(o.view_as(O_intra))
     o = from_chunks(outputs[0] if len(outputs) == 1 else torch.cat(outputs), B, T)
