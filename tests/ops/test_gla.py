@@ -100,8 +100,9 @@ def test_matches_oracles_float32(op, oracle, T, state, gates):
 
 @pytest.mark.parametrize("op", OPS)
 @pytest.mark.parametrize("oracle", ORACLES)
-def test_bfloat16_inputs(op, oracle):
-    inputs = make_inputs(T=130, dtype=torch.bfloat16)
+@pytest.mark.parametrize("gates", GATE_SCALES)
+def test_bfloat16_inputs(op, oracle, gates):
+    inputs = make_inputs(T=130, dtype=torch.bfloat16, gate_scale=GATE_SCALES[gates])
     check_against(OPS[op], ORACLES[oracle], inputs, torch.randn(2, 2, 16, 32), True, atol=5e-2, rtol=2e-2)
 
 
