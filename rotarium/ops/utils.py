@@ -7,7 +7,7 @@ broadcasting error deep inside a kernel.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 import torch
 
@@ -166,24 +166,35 @@ def to_chunks(x: torch.Tensor, chunk: int) -> torch.Tensor:
     return x.reshape(n, B * H, chunk, *x.shape[4:]).contiguous()
 
 
-def from_chunks(o: torch.Tensor, batch_size: int, seq_len: int) -> torch.Tensor:
-    """Inverse of :func:`to_chunks` for ``[n, B*H, C, V]``: ``[B, T, H, V]``, the padding dropped."""
-    n, BH, C, V = o.shape
-    H = BH // batch_size
-    o = o.view(n, batch_size, H, C, V).permute(1, 0, 3, 2, 4).reshape(batch_size, n * C, H, V)
-    return o if n * C == seq_len else o[:, :seq_len]
+def time_blocks(chunk: int, *xs: torch.Tensor | None) -> Iterator[tuple[torch.Tensor | None, ...]]:
+    """Cuts ``[B, T, H, *D]`` tensors along time into blocks of about BLOCK_CHUNK_HEADS chunk-heads and yields each
+    in the chunk-major layout of :func:`to_chunks`. None entries stay None in every block.
 
-
-def chunk_blocks(*xs: torch.Tensor | None) -> list[tuple[torch.Tensor | None, ...]]:
-    """Splits chunk-major tensors ``[n, B*H, ...]`` into blocks of about BLOCK_CHUNK_HEADS chunk-heads.
-
-    ``split``, not slicing: autograd then joins the blocks' gradients with one cat instead of a zero-filled
-    full-size gradient per block. None entries stay None in every block.
+    Lazily: each block is laid out just before the caller uses it, so the copy is still in cache when the block's
+    matmuls read it, and no full-size chunk-major copy of an input (nor of its gradient) is ever made: at
+    T = 16384 those copies, fresh 16 MB tensors each, page-faulted more than the kernel computed. ``split``, not
+    slicing: autograd joins the blocks' gradients with one cat instead of a zero-filled full-size gradient per block.
     """
     ref = next(x for x in xs if x is not None)
-    n, BH = ref.shape[:2]
-    block = max(1, BLOCK_CHUNK_HEADS // BH)
-    if n <= block:
-        return [xs]
-    count = -(-n // block)
-    return list(zip(*(x.split(block) if x is not None else [None] * count for x in xs)))
+    B, T, H = ref.shape[:3]
+    tokens = max(1, BLOCK_CHUNK_HEADS // (B * H)) * chunk
+    if T <= tokens:
+        yield tuple(None if x is None else to_chunks(x, chunk) for x in xs)
+        return
+    pieces = [x.split(tokens, dim=1) if x is not None else None for x in xs]
+    for i in range(-(-T // tokens)):
+        yield tuple(None if p is None else to_chunks(p[i], chunk) for p in pieces)
+
+
+def join_time_blocks(outputs: list[torch.Tensor], batch_size: int, seq_len: int) -> torch.Tensor:
+    """Inverse of :func:`time_blocks` for the blocks' ``[m, B*H, C, V]`` outputs: ``[B, T, H, V]``, padding dropped.
+
+    One copy: the blocks go back to time-major order as they are concatenated.
+    """
+    views = []
+    for o in outputs:
+        m, BH, C, V = o.shape
+        views.append(o.view(m, batch_size, BH // batch_size, C, V).permute(1, 0, 3, 2, 4))  # [B, m, C, H, V]
+    o = views[0].contiguous() if len(views) == 1 else torch.cat(views, dim=1)
+    o = o.view(batch_size, -1, *o.shape[3:])
+    return o if o.shape[1] == seq_len else o[:, :seq_len]

@@ -32,10 +32,9 @@ from rotarium.ops.utils import (
     check_same_device,
     check_same_dtype,
     check_tensor,
-    chunk_blocks,
-    from_chunks,
+    join_time_blocks,
     run_packed,
-    to_chunks,
+    time_blocks,
 )
 
 CHUNK_SIZE = 64
@@ -220,14 +219,11 @@ def _chunk_gated_delta_rule_fwd(
     """The chunkwise algorithm of the module docstring on float32 ``[B, T, H, D]`` inputs (g None: no decay)."""
     B, T, H, K = q.shape
     V = v.shape[-1]
-    q, k, v, beta = (to_chunks(x, CHUNK_SIZE) for x in (q, k, v, beta))
-    beta = beta[..., None]
-    gamma = None if g is None else to_chunks(g, CHUNK_SIZE).cumsum(-1)  # within-chunk cumulative log decay, <= 0
-
     S = None if initial_state is None else initial_state.float().reshape(B * H, K, V)
     outputs = []
-    for q_b, k_b, v_b, beta_b, gamma_b in chunk_blocks(q, k, v, beta, gamma):
-        G, N, Q_state, O_intra, decay = _intra_chunk(q_b, k_b, v_b, gamma_b, beta_b)
+    for q_b, k_b, v_b, beta_b, g_b in time_blocks(CHUNK_SIZE, q, k, v, beta, g):
+        gamma_b = None if g_b is None else g_b.cumsum(-1)  # within-chunk cumulative log decay, <= 0
+        G, N, Q_state, O_intra, decay = _intra_chunk(q_b, k_b, v_b, gamma_b, beta_b[..., None])
         decays = [None] * G.shape[0] if decay is None else decay.unbind(0)
         states = []
         # unbind and stack, not indexing: linear-cost backward, as with the blocks
@@ -239,7 +235,7 @@ def _chunk_gated_delta_rule_fwd(
         S_in = torch.stack(states)  # the (decayed) state entering each chunk
         o = torch.baddbmm(O_intra.flatten(0, 1), Q_state.flatten(0, 1), S_in.flatten(0, 1), beta=scale, alpha=scale)
         outputs.append(o.view_as(O_intra))
-    o = from_chunks(outputs[0] if len(outputs) == 1 else torch.cat(outputs), B, T)
+    o = join_time_blocks(outputs, B, T)
     return o, (S.view(B, H, K, V) if output_final_state else None)
 
 

@@ -1,7 +1,7 @@
 """Chunkwise GLA: fla's Triton kernel on CUDA, a chunked PyTorch implementation everywhere else.
 
 PyTorch path, per chunk of 64 tokens with the within-chunk cumulative log decay b, in blocks of chunks (see
-rotarium.ops.utils.chunk_blocks): the states at the chunk starts come from a short loop over chunks (everything
+rotarium.ops.utils.time_blocks): the states at the chunk starts come from a short loop over chunks (everything
 else batched), the inter-chunk output is ``(q * exp(b)) @ S``, and the intra-chunk scores ``A_ts = sum_i q_ti k_si exp(b_ti - b_si)`` are built
 without ever exponentiating a large positive number (see :func:`_intra_chunk_scores`).
 """
@@ -20,10 +20,9 @@ from rotarium.ops.utils import (
     check_same_device,
     check_same_dtype,
     check_tensor,
-    chunk_blocks,
-    from_chunks,
+    join_time_blocks,
     run_packed,
-    to_chunks,
+    time_blocks,
 )
 
 CHUNK = 64
@@ -188,13 +187,13 @@ def chunk_gla_torch(
     """The chunked PyTorch kernel on an unpacked batch; returns ``o`` in float32 ``[B, T, H, V]``."""
     B, T, H, K = q.shape
     V = v.shape[-1]
-    q, k, v, g = (to_chunks(x.float(), CHUNK) for x in (q, k, v, g))  # [n, B*H, C, D]
-    state = q.new_zeros(B * H, K, V) if initial_state is None else initial_state.float().reshape(B * H, K, V)
+    state = (q.new_zeros(B * H, K, V, dtype=torch.float32) if initial_state is None
+             else initial_state.float().reshape(B * H, K, V))
     outputs = []
-    for block in chunk_blocks(q, k, v, g):
+    for block in time_blocks(CHUNK, *(x.float() for x in (q, k, v, g))):  # each [m, B*H, C, D]
         o, state = _gla_block(*block, state, scale)
         outputs.append(o)
-    o = from_chunks(outputs[0] if len(outputs) == 1 else torch.cat(outputs), B, T)
+    o = join_time_blocks(outputs, B, T)
     return o, state.view(B, H, K, V) if output_final_state else None
 
 
