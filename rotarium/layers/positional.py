@@ -90,6 +90,10 @@ class HeadDims:
     head_k_dim: int
     head_v_dim: int
     mixer_has_decay: bool
+    # The mixer's kernel reads each head's tokens as one [T, D] matrix (blockwise attention, SDPA): rotated q and k
+    # are then written head-major ([B, H, T, D] in memory, handed over as [B, T, H, D] views), which spares the
+    # kernel a copy of each. The chunked linear kernels relayout into chunks anyway and gain nothing from it.
+    heads_major: bool = False
 
 
 @dataclass
@@ -110,14 +114,20 @@ class Encoded:
         return rotate_adjacent_pairs(o, self.value_rotation.conj())
 
 
-def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, inverse: bool = False) -> torch.Tensor:
+def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, inverse: bool = False,
+            heads_major: bool = False) -> torch.Tensor:
     """Rotation of the pairs ``(i, i + R/2)``, ``R = 2 * cos.shape[-1]``, by the angle (minus it with ``inverse``).
 
-    Computed in cos's dtype, returned in x's. Each half is written in place into one output buffer: on CPU a fresh
-    tensor of a few MB costs more in page faults than its arithmetic, so the rotation allocates nothing else.
+    Computed in cos's dtype, returned in x's, laid out ``[B, H, T, D]`` in memory with ``heads_major`` (see
+    HeadDims). Each half is written in place into one output buffer: on CPU a fresh tensor of a few MB costs more in
+    page faults than its arithmetic, so the rotation allocates nothing else.
     """
     half = cos.shape[-1]
-    out = torch.empty(x.shape, dtype=cos.dtype, device=x.device)
+    if heads_major:
+        B, T, H, D = x.shape
+        out = torch.empty(B, H, T, D, dtype=cos.dtype, device=x.device).transpose(1, 2)
+    else:
+        out = torch.empty(x.shape, dtype=cos.dtype, device=x.device)
     x1, x2, out1, out2 = x[..., :half], x[..., half:2 * half], out[..., :half], out[..., half:2 * half]
     sign = 1.0 if inverse else -1.0
     torch.mul(x1, cos, out=out1).addcmul_(x2, sin, value=sign)
@@ -134,10 +144,10 @@ class _RotateHalf(torch.autograd.Function):
     three times as many passes over q and k."""
 
     @staticmethod
-    def forward(ctx, angles: torch.Tensor, *xs: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    def forward(ctx, angles: torch.Tensor, heads_major: bool, *xs: torch.Tensor) -> tuple[torch.Tensor, ...]:
         compute = torch.promote_types(xs[0].dtype, torch.float32)  # bf16 would lose the angle's precision
         cos, sin = angles.cos().to(compute), angles.sin().to(compute)
-        outs = tuple(_rotate(x, cos, sin) for x in xs)
+        outs = tuple(_rotate(x, cos, sin, heads_major=heads_major) for x in xs)
         ctx.angles_shape = angles.shape
         ctx.save_for_backward(cos, sin, *(outs if ctx.needs_input_grad[0] else ()))
         return outs
@@ -146,8 +156,9 @@ class _RotateHalf(torch.autograd.Function):
     @torch.autograd.function.once_differentiable
     def backward(ctx, *grads: torch.Tensor | None) -> tuple[torch.Tensor | None, ...]:
         cos, sin, *outs = ctx.saved_tensors
+        # token-major: the gradients go on to the projections' matmuls, which read [B * T, H * D]
         grad_xs = [None if g is None or not needed else _rotate(g, cos, sin, inverse=True)
-                   for g, needed in zip(grads, ctx.needs_input_grad[1:])]
+                   for g, needed in zip(grads, ctx.needs_input_grad[2:])]
         grad_angles = None
         if ctx.needs_input_grad[0]:
             half = sin.shape[-1]
@@ -161,17 +172,18 @@ class _RotateHalf(torch.autograd.Function):
                     grad_angles = term if grad_angles is None else grad_angles.add_(term)
                 else:  # same shape as the first: accumulate in place
                     grad_angles.addcmul_(g2, out1).addcmul_(g1, out2, value=-1.0)
-        return grad_angles, *grad_xs
+        return grad_angles, None, *grad_xs
 
 
-def rotate_half_pairs(angles: torch.Tensor, *xs: torch.Tensor) -> tuple[torch.Tensor, ...]:
+def rotate_half_pairs(angles: torch.Tensor, *xs: torch.Tensor, heads_major: bool = False) -> tuple[torch.Tensor, ...]:
     """Rotates pairs ``(i, i + R/2)`` of the first ``R = 2 * angles.shape[-1]`` features of each x by ``angles``.
 
     xs: ``[B, T, H, D]`` each (q and k: the heads may differ when angles broadcast over them); angles:
     ``[B, T, H or 1, R/2]`` float32 (differentiable: Selective RoPE learns them). Computed in at least float32,
-    returned in each x's dtype; features past ``R`` pass through untouched.
+    returned in each x's dtype, in ``[B, H, T, D]`` memory with ``heads_major`` (see HeadDims); features past ``R``
+    pass through untouched.
     """
-    return _RotateHalf.apply(angles, *xs)
+    return _RotateHalf.apply(angles, heads_major, *xs)
 
 
 def rotate_adjacent_pairs(x: torch.Tensor, rotation: torch.Tensor) -> torch.Tensor:
@@ -267,7 +279,7 @@ class RoPE(PositionalEncoding):
     def forward(self, q, k, v, x, seq, state):
         positions, new_state = self.positions(seq, state)
         angles = positions * self.frequencies(self._rotary_dim, q.device)
-        return Encoded(*rotate_half_pairs(angles, q, k), v, None, new_state)
+        return Encoded(*rotate_half_pairs(angles, q, k, heads_major=self.dims.heads_major), v, None, new_state)
 
 
 class RoVE(RoPE):
@@ -288,8 +300,8 @@ class RoVE(RoPE):
         qk_angles = positions * self.frequencies(self._rotary_dim, q.device)
         v_angles = positions * self.frequencies(self.dims.head_v_dim, q.device)
         v_rotation = torch.polar(torch.ones_like(v_angles), v_angles)
-        return Encoded(*rotate_half_pairs(qk_angles, q, k), rotate_adjacent_pairs(v, v_rotation), None, new_state,
-                       value_rotation=v_rotation)
+        q, k = rotate_half_pairs(qk_angles, q, k, heads_major=self.dims.heads_major)
+        return Encoded(q, k, rotate_adjacent_pairs(v, v_rotation), None, new_state, value_rotation=v_rotation)
 
 
 def segment_cumsum(x: torch.Tensor, seq: SequenceInfo) -> torch.Tensor:
@@ -423,8 +435,10 @@ class SelectiveRoPE(PositionalEncoding):
         if self._adds_decay:
             log_decay = seq.zero_padding(F.logsigmoid(self.decay_proj(x).float()))
         new_state = {"theta": theta[:, -1], "conv": conv_state}
+        heads_major = self.dims.heads_major
         if self.group == 1:
-            q, k = rotate_half_pairs(angles, q, k)
+            q, k = rotate_half_pairs(angles, q, k, heads_major=heads_major)
         else:  # query heads of a group share their key head's angles
-            (q,), (k,) = rotate_half_pairs(angles.repeat_interleave(self.group, 2), q), rotate_half_pairs(angles, k)
+            (q,) = rotate_half_pairs(angles.repeat_interleave(self.group, 2), q, heads_major=heads_major)
+            (k,) = rotate_half_pairs(angles, k, heads_major=heads_major)
         return Encoded(q, k, v, log_decay, new_state)

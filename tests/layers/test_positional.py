@@ -201,14 +201,22 @@ def test_rfa_spectrum_is_deterministic_and_saved():
     assert not a.tau.requires_grad and math.isclose(a.tau.max().item(), a.tau[0].item())
 
 
+@pytest.mark.parametrize("heads_major", [False, True])
 @pytest.mark.parametrize(("heads", "rotary_pairs"), [(1, 4), (3, 4), (3, 2)])  # broadcast over heads; partial rotary
-def test_rotation_gradients(heads, rotary_pairs):
+def test_rotation_gradients(heads, rotary_pairs, heads_major):
     """The hand-written backward of the q/k rotation against finite differences, the angles' gradient included."""
     q = torch.randn(2, 5, 3, 8, dtype=torch.float64, requires_grad=True)
     k = torch.randn(2, 5, 1 if heads == 1 else 3, 8, dtype=torch.float64, requires_grad=True)
     angles = torch.randn(2, 5, heads, rotary_pairs, dtype=torch.float64, requires_grad=True)
-    assert torch.autograd.gradcheck(rotate_half_pairs, (angles, q, k))
-    assert torch.autograd.gradcheck(lambda a, q, k: rotate_half_pairs(a, q, k)[0], (angles, q, k))  # k's unused
+
+    def rotate(a, q, k):
+        return rotate_half_pairs(a, q, k, heads_major=heads_major)
+
+    assert torch.autograd.gradcheck(rotate, (angles, q, k))
+    assert torch.autograd.gradcheck(lambda a, q, k: rotate(a, q, k)[0], (angles, q, k))  # k's unused
+    rotated_q, _ = rotate(angles, q, k)
+    assert rotated_q.transpose(1, 2).is_contiguous() == heads_major
+    torch.testing.assert_close(rotated_q, rotate_half_pairs(angles, q, k)[0], rtol=0, atol=0)
 
 
 def test_rotation_matches_the_rotation_matrix():
