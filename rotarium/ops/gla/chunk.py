@@ -2,8 +2,10 @@
 
 PyTorch path, per chunk of 64 tokens with the within-chunk cumulative log decay b, in blocks of chunks (see
 rotarium.ops.utils.time_blocks): the states at the chunk starts come from a short loop over chunks (everything
-else batched), the inter-chunk output is ``(q * exp(b)) @ S``, and the intra-chunk scores ``A_ts = sum_i q_ti k_si exp(b_ti - b_si)`` are built
-without ever exponentiating a large positive number (see :func:`_intra_chunk_scores`).
+else batched), the inter-chunk output is ``(q * exp(b)) @ S`` and the intra-chunk scores are
+``A_ts = sum_i q_ti k_si exp(b_ti - b_si)``. Where every chunk decays by at most e^-BOUND (usual gates), all
+exponents are measured from the chunk ends (:func:`_gla_block_from_chunk_ends`); otherwise the scores are built
+without ever exponentiating a large positive number (:func:`_intra_chunk_scores`).
 """
 from __future__ import annotations
 
