@@ -105,7 +105,7 @@ def main() -> None:
             print("(fla's chunked delta-rule kernels reject float32: rotarium runs its PyTorch path for both sides)")
         tol = 2e-2 if dtype == torch.bfloat16 else 2e-3
         for name, (fn, grads) in CASES.items():
-            def compare(name=name, fn=fn, grads=grads):
+            def compare(name=name, fn=fn, grads=grads, x=x, tol=tol):
                 of, sf, gf = run_case(fn, x, grads, "fla")
                 ot, st, gt = run_case(fn, x, grads, "torch")
                 errs = {"o": rel_err(of, ot)} | ({"state": rel_err(sf, st)} if sf is not None else {})
@@ -116,7 +116,7 @@ def main() -> None:
         print(f"decoding 8 tokens from a state, dtype {dtype}:")
         with torch.no_grad():
             for name, fn in DECODING.items():
-                def compare_decoding(name=name, fn=fn):
+                def compare_decoding(name=name, fn=fn, steps=steps, tol=tol):
                     (of, sf), (ot, st) = fn(steps, "fla"), fn(steps, "torch")
                     return report(name, {"o": rel_err(of.float(), ot.float()),
                                          "state": rel_err(sf.float(), st.float())}, tol)
