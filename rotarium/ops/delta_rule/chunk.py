@@ -166,7 +166,7 @@ def _intra_chunk(
     """
     C, K, V = q.shape[-2], k.shape[-1], v.shape[-1]
     causal = torch.ones(C, C, dtype=torch.bool, device=q.device).tril()
-    decay = None
+    decay, state_diagonal = None, 1.0  # G = state_diagonal I - KW
     if gamma is None:
         k_beta = k * beta
         A = k_beta @ k.transpose(-1, -2)
@@ -196,13 +196,14 @@ def _intra_chunk(
         rhs = torch.cat([v * beta, k * (beta * decay_in)], -1)
         k_out = k * (gamma[..., -1:, None] - gamma[..., None]).exp()  # exp(gamma_C - gamma_j): j to the chunk end
         q_in = q * decay_in
+        state_diagonal = decay_in[..., -1, :]  # exp(gamma_C)
     UW = unit_lower_inverse_(A) @ rhs  # [m, BH, C, V + K]
     O_intra, PW = (P @ UW).split([V, K], -1)
     N, KW = (k_out.transpose(-1, -2) @ UW).split([V, K], -1)
     Q_state = q_in - PW
     G = -KW
-    # G = exp(gamma_C) I - KW: the diagonal is a view of a fresh tensor, so autograd follows the in-place add
-    G.diagonal(dim1=-2, dim2=-1).add_(1.0 if gamma is None or decay is not None else decay_in[..., -1, :])
+    # the diagonal is a view of a fresh tensor, so autograd follows the in-place add
+    G.diagonal(dim1=-2, dim2=-1).add_(state_diagonal)
     return G, N, Q_state, O_intra, decay
 
 
