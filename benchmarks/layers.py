@@ -22,9 +22,13 @@ TARGETS = {"nope": 1.0, "rope": 1.10, "rove": 1.10, "selective_rope": 1.20}
 
 
 def training_step(mixer: torch.nn.Module, x: torch.Tensor, seq: SequenceInfo):
+    # a dense output gradient, as the residual stream hands a mixer in training (out.sum() would hand it a
+    # stride-0 one, which the output projection's backward first copies out)
+    grad_out = torch.randn(x.shape, generator=torch.Generator().manual_seed(0))
+
     def step():
         out, _ = mixer(x, seq)
-        out.sum().backward()
+        out.backward(grad_out)
         mixer.zero_grad(set_to_none=True)
         x.grad = None
 

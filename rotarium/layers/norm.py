@@ -14,33 +14,42 @@ class RMSNorm(nn.RMSNorm):
         super().__init__(hidden_size, eps=eps)
 
 
+def l2_normalize_forward(x: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``y = x / max(|x|, eps)`` over the last dim in at least float32: ``(y, 1 / max(|x|, eps), |x| < eps)``."""
+    xf = x.to(torch.promote_types(x.dtype, torch.float32))
+    norm = torch.linalg.vector_norm(xf, dim=-1, keepdim=True)
+    clamped = norm < eps  # there the norm is the constant eps, which passes no gradient
+    inverse_norm = norm.clamp_min_(eps).reciprocal_()
+    return xf * inverse_norm, inverse_norm, clamped
+
+
+def l2_normalize_backward(grad: torch.Tensor, y: torch.Tensor, inverse_norm: torch.Tensor,
+                          clamped: torch.Tensor) -> torch.Tensor:
+    """``dx = (g - y <g, y>) / max(|x|, eps)`` in y's dtype, in one fresh buffer."""
+    product = grad.to(y.dtype) * y
+    dot = product.sum(-1, keepdim=True).masked_fill_(clamped, 0.0)
+    # product's memory is reused for the result
+    return product.copy_(grad).addcmul_(y, dot, value=-1.0).mul_(inverse_norm)
+
+
 class _L2Normalize(torch.autograd.Function):
     """``y = x / max(|x|, eps)`` over the last dim, computed in at least float32.
 
-    Backward by hand, ``dx = (g - y <g, y>) / max(|x|, eps)``: two full-size tensors where autograd's graph of
+    Backward by hand (:func:`l2_normalize_backward`): two full-size tensors where autograd's graph of
     ``F.normalize`` allocates six, and on CPU every fresh tensor of a few MB costs more in page faults than its
     arithmetic.
     """
 
     @staticmethod
     def forward(ctx, x: torch.Tensor, eps: float) -> torch.Tensor:
-        xf = x.to(torch.promote_types(x.dtype, torch.float32))
-        norm = torch.linalg.vector_norm(xf, dim=-1, keepdim=True)
-        clamped = norm < eps  # there the norm is the constant eps, which passes no gradient
-        inverse_norm = norm.clamp_min_(eps).reciprocal_()
-        y = xf * inverse_norm
+        y, inverse_norm, clamped = l2_normalize_forward(x, eps)
         ctx.save_for_backward(y, inverse_norm, clamped)
         return y.to(x.dtype)
 
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
-        y, inverse_norm, clamped = ctx.saved_tensors
-        product = grad.to(y.dtype) * y
-        dot = product.sum(-1, keepdim=True).masked_fill_(clamped, 0.0)
-        # product's memory is reused for the result
-        grad_x = product.copy_(grad).addcmul_(y, dot, value=-1.0).mul_(inverse_norm)
-        return grad_x.to(grad.dtype), None
+        return l2_normalize_backward(grad, *ctx.saved_tensors).to(grad.dtype), None
 
 
 def l2_normalize(x: torch.Tensor, eps: float = 1e-12) -> torch.Tensor:

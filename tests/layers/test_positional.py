@@ -6,7 +6,8 @@ import torch
 import torch.nn.functional as F
 
 from rotarium.layers import HeadDims, PositionalSettings, SequenceInfo, build_mixer, build_positional
-from rotarium.layers.positional import rotate_half_pairs
+from rotarium.layers.norm import l2_normalize
+from rotarium.layers.positional import _HeadNormAndDecay, rotate_half_pairs
 from rotarium.ops import chunk_gla
 from tests.layers.helpers import FAMILIES, HIDDEN, make_mixer, run
 
@@ -97,7 +98,7 @@ def test_selective_rope_equals_the_complex_recurrence(options):
     enc = layer(q, k, v, x, seq, None)
     ours, _ = chunk_gla(enc.q, enc.k, enc.v, log_lambda[..., None].expand(B, T, H, K), backend="torch")
 
-    omega, _ = layer.angle_rates(x, seq, None)  # [B, T, H, K/2]
+    omega, _, _ = layer.angle_rates(x, seq, None)  # [B, T, H, K/2]
     step_angle = omega.double() * layer.tau.double()
     qc = torch.complex(q[..., :K // 2], q[..., K // 2:])
     kc = torch.complex(k[..., :K // 2], k[..., K // 2:])
@@ -121,7 +122,7 @@ def test_softmax_logits_depend_only_on_angle_differences():
     logits = torch.einsum("bihk,bjhk->bhij", enc.q, enc.k)
     assert (logits - torch.einsum("bihk,bjhk->bhij", shifted.q, shifted.k)).abs().max() <= 1e-5  # angles are float32
     # and explicitly: q_t^T R(theta_s - theta_t) k_s
-    omega, _ = layer.angle_rates(x, seq, None)
+    omega, _, _ = layer.angle_rates(x, seq, None)
     theta = omega.double().cumsum(1) * layer.tau.double()
     i, j = 9, 4
     diff = theta[0, j, 0] - theta[0, i, 0]
@@ -217,6 +218,27 @@ def test_rotation_gradients(heads, rotary_pairs, heads_major):
     rotated_q, _ = rotate(angles, q, k)
     assert rotated_q.transpose(1, 2).is_contiguous() == heads_major
     torch.testing.assert_close(rotated_q, rotate_half_pairs(angles, q, k)[0], rtol=0, atol=0)
+
+
+def test_head_norm_and_decay_matches_its_definition_with_gradients():
+    """Selective RoPE's fused read of the layer input: per-head L2 normalisation and the decay logits, with every
+    gradient, against finite differences."""
+    x = torch.randn(2, 5, 12, dtype=torch.float64, requires_grad=True)
+    weight = torch.randn(3, 12, dtype=torch.float64, requires_grad=True)
+    bias = torch.randn(3, dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradcheck(lambda *a: _HeadNormAndDecay.apply(a[0], 3, *a[1:]), (x, weight, bias))
+    assert torch.autograd.gradcheck(lambda *a: _HeadNormAndDecay.apply(a[0], 3, *a[1:])[1], (x, weight, bias))
+    xh, logits = _HeadNormAndDecay.apply(x, 3, weight, bias)
+    torch.testing.assert_close(xh, l2_normalize(x.view(2, 5, 3, 4)), rtol=0, atol=0)
+    torch.testing.assert_close(logits, F.linear(x, weight, bias), rtol=0, atol=0)
+    # only the parameters: no gradient is formed for x
+    leaf = x.detach()
+    _HeadNormAndDecay.apply(leaf, 3, weight, bias)[1].sum().backward()
+    assert leaf.grad is None and weight.grad is not None
+    half = [t.detach().bfloat16().requires_grad_() for t in (x, weight, bias)]
+    xh, logits = _HeadNormAndDecay.apply(half[0], 3, *half[1:])
+    (xh.float().sum() + logits.float().sum()).backward()
+    assert xh.dtype == logits.dtype == torch.bfloat16 and all(t.grad.dtype == torch.bfloat16 for t in half)
 
 
 def test_rotation_matches_the_rotation_matrix():
