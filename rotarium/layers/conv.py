@@ -111,9 +111,11 @@ class _CausalDepthwiseConv(torch.autograd.Function):
             if grad_x is not None and lag > 0:
                 grad_x[:, x_rows].addcmul_(d, taps[:, W - 1 - lag])
             product = torch.mul(d, x[:, x_rows], out=products[:, out_rows])
-            tap_grad = product.sum((0, 1), dtype=acc)
+            # over time, then batch: for lags > 0 the product is a slice, and one reduction over both dims of a
+            # slice takes PyTorch's strided path on CPU (measured 15x slower than this)
+            tap_grad = product.sum(1, dtype=acc).sum(0)
             if from_history is not None:
                 rows, hist = from_history
-                tap_grad += (dz[:, rows] * history[:, hist]).sum((0, 1), dtype=acc)
+                tap_grad += (dz[:, rows] * history[:, hist]).sum(1, dtype=acc).sum(0)
             grad_weight[:, W - 1 - lag] = tap_grad
         return grad_x, grad_weight.to(weight.dtype), None, None, None
