@@ -165,12 +165,11 @@ def _intra_chunk(
     ``O = Q_state S_hat + O_intra`` (unscaled) and the next state ``S' = G S_hat + N``.
     """
     C, K, V = q.shape[-2], k.shape[-1], v.shape[-1]
-    causal = torch.ones(C, C, dtype=torch.bool, device=q.device).tril()
     decay, state_diagonal = None, 1.0  # G = state_diagonal I - KW
     if gamma is None:
         k_beta = k * beta
         A = k_beta @ k.transpose(-1, -2)
-        P = (q @ k.transpose(-1, -2)).masked_fill_(~causal, 0.0)
+        P = (q @ k.transpose(-1, -2)).tril_()
         rhs = torch.cat([v * beta, k_beta], -1)
         k_out, q_in = k, q
     elif bool(gamma[..., -1].amin() >= -BOUND):  # every chunk decays by at most e^-BOUND: usual gates
@@ -185,11 +184,12 @@ def _intra_chunk(
         k_rise = k * (beta * rise)
         q_in = q * rise
         A = k_rise @ k_out.transpose(-1, -2)
-        P = (q_in @ k_out.transpose(-1, -2)).masked_fill_(~causal, 0.0)
+        P = (q_in @ k_out.transpose(-1, -2)).tril_()
         rhs = torch.cat([v * beta, k_rise], -1)
         decay = last.exp()[..., None]
     else:  # some chunk decays by more: exp only of non-positive differences, masked first
         decay_in = gamma.exp()[..., None]  # exp(gamma_i): decay from the chunk start to i
+        causal = torch.ones(C, C, dtype=torch.bool, device=q.device).tril()
         decays = (gamma[..., :, None] - gamma[..., None, :]).masked_fill(~causal, float("-inf")).exp()
         A = ((k * beta) @ k.transpose(-1, -2)) * decays
         P = (q @ k.transpose(-1, -2)) * decays

@@ -9,8 +9,6 @@ without ever exponentiating a large positive number (:func:`_intra_chunk_scores`
 """
 from __future__ import annotations
 
-import functools
-
 import torch
 
 from rotarium.ops.backend import use_fla
@@ -116,17 +114,12 @@ def _intra_chunk_scores(q: torch.Tensor, k: torch.Tensor, b: torch.Tensor, floor
     if not all_fast:
         expo = expo.clamp(-BOUND, BOUND)  # keeps the discarded scores of the other chunks finite
     e = expo.exp()
-    A = ((q * e) @ (k / e).transpose(-1, -2)).masked_fill(_upper(C, q.device), 0.0)
+    A = ((q * e) @ (k / e).transpose(-1, -2)).tril_()
     if all_fast:
         return A
     slow = (~fast).flatten().nonzero().squeeze(1)
     rows = [x.flatten(0, -3).index_select(0, slow) for x in (q, k, b)]
     return A.flatten(0, -3).index_copy(0, slow, _bisection_scores(*rows, floor)).view(*lead, C, C)
-
-
-@functools.cache
-def _upper(size: int, device: torch.device) -> torch.Tensor:
-    return torch.ones(size, size, dtype=torch.bool, device=device).triu(1)
 
 
 def _gla_block(
@@ -177,7 +170,7 @@ def _gla_block_from_chunk_ends(
         state = decayed + kv_c
     o = q_rise @ torch.stack(decayed_starts)
     C, V = v.shape[-2:]
-    scores = (q_rise @ k_out.transpose(-1, -2)).masked_fill_(_upper(C, q.device), 0.0)
+    scores = (q_rise @ k_out.transpose(-1, -2)).tril_()
     o = torch.baddbmm(o.view(-1, C, V), scores.view(-1, C, C), v.view(-1, C, V), beta=scale, alpha=scale)
     return o.view_as(v), state
 
