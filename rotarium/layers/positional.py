@@ -265,10 +265,16 @@ class RoPE(PositionalEncoding):
         return self._rotary_dim
 
     def positions(self, seq: SequenceInfo, state: dict | None) -> tuple[torch.Tensor, dict]:
-        """Each token's position ``[B, T, 1, 1]`` float32, and the state holding the next position of each row."""
+        """Each token's position ``[B or 1, T, 1, 1]`` float32, and the state holding the next position of each row.
+
+        One row when every row has the same positions (no padding or offsets: training), so that the angles and
+        their cosines are computed once and broadcast over the batch.
+        """
         offset = state.get("offset") if state else None
         positions = seq.token_positions(offset)
         new_state = {"offset": seq.next_offset(offset, positions)}
+        if positions.stride(0) == 0:  # an expanded row
+            positions = positions[:1]
         return positions.float()[:, :, None, None], new_state
 
     def frequencies(self, dim: int, device: torch.device) -> torch.Tensor:
@@ -299,7 +305,7 @@ class RoVE(RoPE):
         positions, new_state = self.positions(seq, state)
         qk_angles = positions * self.frequencies(self._rotary_dim, q.device)
         v_angles = positions * self.frequencies(self.dims.head_v_dim, q.device)
-        v_rotation = torch.polar(torch.ones_like(v_angles), v_angles)
+        v_rotation = torch.complex(v_angles.cos(), v_angles.sin())  # torch.polar runs 1.4x slower on CPU
         q, k = rotate_half_pairs(qk_angles, q, k, heads_major=self.dims.heads_major)
         return Encoded(q, k, rotate_adjacent_pairs(v, v_rotation), None, new_state, value_rotation=v_rotation)
 
