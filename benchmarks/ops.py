@@ -4,7 +4,9 @@
    (``torch_chunk_gated_delta_rule`` of Qwen3-Next, undecorated) at B=1, T=4096, H=4, K=V=64.
    Target: ours at most 0.5 of its time.
 2. Every op at T = 2048 ... 16384 beside PyTorch's causal SDPA. Targets for the linear ops:
-   time(16384) <= 4.5 * time(4096) (linear growth) and faster than SDPA from T = 8192 on.
+   time(16384) <= 4.5 * time(4096) (linear growth) and faster than SDPA from T = 8192 on. The verdicts use glibc's
+   default allocator; after them, the growth is measured again with freed memory kept (informative: it takes the
+   fresh zero-filled pages of the 16 MB outputs and gradients at T=16384 out of the kernels' time).
 
 Usage: ``python benchmarks/ops.py [--lengths 2048 4096 8192 16384] [--repeats 5]``.
 Forces the PyTorch backend so the numbers mean the same on any machine.
@@ -137,7 +139,27 @@ def scaling(lengths: list[int], repeats: int) -> bool:
             ratio = paired_ratio(pairs[name], pairs["sdpa (causal)"])
             ok &= ratio < 1
             print(f"{name}: T={T} time / SDPA {ratio:.2f} (target < 1) {verdict(ratio < 1)}")
+    if has_growth and keep_freed_memory():
+        # Informative, after the verdicts: the same growth with the allocator's fresh pages taken out of it.
+        print("\nwith freed memory kept by the allocator (glibc mallopt: no trimming, no mmap below 256 MB; what "
+              "PyTorch's CPU tuning guide gets from jemalloc / tcmalloc):")
+        for name in LINEAR_OPS:
+            kept = time_rounds({T: calls[name][T] for T in (4096, 16384)}, repeats)
+            print(f"{name}: growth 4096->16384 {paired_ratio(kept[16384], kept[4096]):.2f}x; minor page faults per "
+                  f"call at 16384: {minor_page_faults(calls[name][16384]):,}")
     return ok
+
+
+def keep_freed_memory() -> bool:
+    """Makes glibc keep freed memory for reuse instead of handing it back to the OS; False where that is not glibc."""
+    import ctypes
+
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+        trim_threshold, mmap_threshold = -1, -3  # malloc.h's M_TRIM_THRESHOLD, M_MMAP_THRESHOLD
+        return bool(libc.mallopt(mmap_threshold, 256 << 20)) and bool(libc.mallopt(trim_threshold, 1 << 30))
+    except (OSError, AttributeError):
+        return False
 
 
 def main() -> None:
