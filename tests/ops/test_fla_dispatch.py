@@ -1,0 +1,89 @@
+"""The fla fast path's wiring, checked without a GPU.
+
+Each op is told that fla's kernels can run here; fla's kernel is then replaced by a stand-in that binds the call to
+the installed kernel's real signature. So every op must import its kernel from the installed fla under the name it
+uses, pass only arguments that kernel names (its ``**kwargs`` would swallow a misspelt one silently), leave none of
+its required ones out, and hand fla's result back unchanged: a drop-in. What the kernels compute is checked on a GPU
+by ``benchmarks/gpu_check.py``.
+"""
+import importlib
+import inspect
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from rotarium import ops
+
+pytest.importorskip("fla.ops")
+
+B, T, H, K, V = 2, 8, 2, 16, 16
+
+
+def inputs(dtype: torch.dtype) -> dict[str, torch.Tensor]:
+    return {
+        "q": torch.randn(B, T, H, K, dtype=dtype),
+        "k": F.normalize(torch.randn(B, T, H, K), dim=-1).to(dtype),
+        "v": torch.randn(B, T, H, V, dtype=dtype),
+        "g_channel": F.logsigmoid(torch.randn(B, T, H, K)).to(dtype),
+        "g_head": F.logsigmoid(torch.randn(B, T, H)).to(dtype),
+        "beta": torch.rand(B, T, H, dtype=dtype),
+        "h0": torch.randn(B, H, K, V),
+    }
+
+
+# (our op, the module that dispatches it, fla's module and kernel, the call; bf16 because fla's chunked delta-rule
+# kernels reject float32, which our ops route to PyTorch instead)
+CASES = {
+    "chunk_gla": ("rotarium.ops.gla.chunk", "fla.ops.gla", "chunk_gla",
+                  lambda x: ops.chunk_gla(x["q"], x["k"], x["v"], x["g_channel"], scale=0.5, initial_state=x["h0"],
+                                          output_final_state=True)),
+    "fused_recurrent_gla": ("rotarium.ops.gla.fused_recurrent", "fla.ops.gla", "fused_recurrent_gla",
+                            lambda x: ops.fused_recurrent_gla(x["q"], x["k"], x["v"], gk=x["g_channel"],
+                                                              initial_state=x["h0"], output_final_state=True)),
+    "chunk_delta_rule": ("rotarium.ops.delta_rule.chunk", "fla.ops.delta_rule", "chunk_delta_rule",
+                         lambda x: ops.chunk_delta_rule(x["q"], x["k"], x["v"], x["beta"], initial_state=x["h0"],
+                                                        output_final_state=True, use_qk_l2norm_in_kernel=True)),
+    "chunk_gated_delta_rule": ("rotarium.ops.delta_rule.chunk", "fla.ops.gated_delta_rule", "chunk_gated_delta_rule",
+                               lambda x: ops.chunk_gated_delta_rule(x["q"], x["k"], x["v"], x["g_head"], x["beta"],
+                                                                    initial_state=x["h0"], output_final_state=True)),
+    "fused_recurrent_delta_rule": ("rotarium.ops.delta_rule.fused_recurrent", "fla.ops.delta_rule",
+                                   "fused_recurrent_delta_rule",
+                                   lambda x: ops.fused_recurrent_delta_rule(x["q"], x["k"], x["v"], x["beta"],
+                                                                            initial_state=x["h0"],
+                                                                            output_final_state=True)),
+    "fused_recurrent_gated_delta_rule": ("rotarium.ops.delta_rule.fused_recurrent", "fla.ops.gated_delta_rule",
+                                         "fused_recurrent_gated_delta_rule",
+                                         lambda x: ops.fused_recurrent_gated_delta_rule(
+                                             x["q"], x["k"], x["v"], x["g_head"], x["beta"], initial_state=x["h0"],
+                                             output_final_state=True)),
+    "parallel_forgetting_attn": ("rotarium.ops.forgetting_attn.parallel", "fla.ops.forgetting_attn",
+                                 "parallel_forgetting_attn",
+                                 lambda x: ops.parallel_forgetting_attn(x["q"], x["k"], x["v"], x["g_head"])),
+    "parallel_attn (g None)": ("rotarium.ops.forgetting_attn.parallel", "fla.ops.attn", "parallel_attn",
+                               lambda x: ops.parallel_forgetting_attn(x["q"], x["k"], x["v"], window_size=4)),
+}
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_op_calls_the_installed_fla_kernel_with_its_own_signature(name, monkeypatch):
+    ours, fla_module_name, kernel_name, call = CASES[name]
+    monkeypatch.setattr(importlib.import_module(ours), "use_fla", lambda backend, x: True)
+    fla_module = importlib.import_module(fla_module_name)
+    kernel = getattr(fla_module, kernel_name)
+    signature = inspect.signature(kernel)
+    named = {p.name for p in signature.parameters.values() if p.kind is not inspect.Parameter.VAR_KEYWORD}
+    calls, result = [], object()
+
+    def stand_in(*args, **kwargs):
+        signature.bind(*args, **kwargs)  # TypeError on a missing required argument or a surplus positional one
+        assert set(kwargs) <= named, f"{kernel_name} names no argument {sorted(set(kwargs) - named)}"
+        calls.append(kwargs)
+        return result
+
+    monkeypatch.setattr(fla_module, kernel_name, stand_in)
+    assert call(inputs(torch.bfloat16)) is result
+    assert len(calls) == 1
+    if "initial_state" in calls[0]:  # fla keeps states in float32, [N, H, K, V]
+        assert calls[0]["initial_state"].dtype == torch.float32
+        assert calls[0]["initial_state"].shape == (B, H, K, V)
