@@ -12,7 +12,6 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import time
 
 import torch
 
@@ -51,23 +50,21 @@ def training_step(model, args):
     return step
 
 
-@torch.no_grad()
-def decode_latency(model, context: int, steps: int) -> float:
+def decoder(model, context: int, steps: int):
+    """After a prefill of ``context`` tokens, a call that decodes ``steps`` more, one at a time (batch 1)."""
     model.eval()
-    ids = torch.randint(0, VOCAB, (1, context))
-    out = model(input_ids=ids, use_cache=True)
+    with torch.no_grad():
+        out = model(input_ids=torch.randint(0, VOCAB, (1, context)), use_cache=True)
     cache = out.cache if hasattr(out, "cache") else out.past_key_values
     token = out.logits[:, -1:].argmax(-1)
-    for _ in range(5):  # warm-up steps, not timed
-        out = model(input_ids=token, past_key_values=cache, use_cache=True)
-    best = float("inf")
-    for _ in range(3):  # best of three rounds: the least noisy estimate on a shared machine
-        start = time.perf_counter()
+
+    @torch.no_grad()
+    def decode():
+        nonlocal token
         for _ in range(steps):
-            out = model(input_ids=token, past_key_values=cache, use_cache=True)
-            token = out.logits[:, -1:].argmax(-1)
-        best = min(best, (time.perf_counter() - start) / steps)
-    return best
+            token = model(input_ids=token, past_key_values=cache, use_cache=True).logits[:, -1:].argmax(-1)
+
+    return decode
 
 
 def main() -> None:
@@ -94,11 +91,13 @@ def main() -> None:
     print(f"rotarium Transformer / Llama speed: {ratio:.2f} (target >= 0.90) {verdict(ratio >= 0.9)}")
 
     print("\n## per-token decoding latency (batch 1, after a prefill of the context)")
-    latency = {family: {} for family in CONFIGS}
+    # every family and context in the same rounds, so that the machine's drift does not land on one of them
+    calls = {(family, context): decoder(model, context, args.decode_steps)
+             for family, model in ((family, build(family, args)) for family in CONFIGS) for context in (256, 4096)}
+    rounds = best(time_rounds(calls, repeats=3))
+    latency = {family: {context: rounds[family, context] / args.decode_steps for context in (256, 4096)}
+               for family in CONFIGS}
     for family in CONFIGS:
-        model = build(family, args)
-        for context in (256, 4096):
-            latency[family][context] = decode_latency(model, context, args.decode_steps)
         print(f"| {family} | ctx 256: {latency[family][256] * 1e3:.2f} ms | ctx 4096: "
               f"{latency[family][4096] * 1e3:.2f} ms |")
     linear = ("gla", "deltanet")  # FoX is softmax attention: its cache grows like the Transformer's
