@@ -42,9 +42,10 @@ def _reference_conv(conv, x, history, activation):
 
 
 @pytest.mark.parametrize("activation", [None, "silu"])
-@pytest.mark.parametrize(("T", "with_history"), [(9, False), (9, True), (2, True), (1, False)])
+@pytest.mark.parametrize(("T", "with_history"), [(9, False), (9, True), (2, True), (1, False), (1, True)])
 def test_short_convolution_gradients(activation, T, with_history):
-    """The hand-written backward against autograd through F.conv1d: input, weight, a short input, a state."""
+    """The hand-written backward against autograd through F.conv1d: input, weight, a short input, a state, and the
+    one-token decoding step."""
     conv = ShortConvolution(5, kernel_size=4, activation=activation).double()
     x = torch.randn(2, T, 5, dtype=torch.float64, requires_grad=True)
     history = torch.randn(2, 3, 5, dtype=torch.float64) if with_history else None
