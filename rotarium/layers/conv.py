@@ -48,7 +48,7 @@ class ShortConvolution(nn.Module):
             # decoding is bound by the number of ops (16 convolutions per token in a 4-layer GLA).
             window = torch.cat([history, x], 1)  # [B, W, C], oldest first: tap j meets window[:, j]
             z = (window * self.weight[:, 0, :].t().to(x.dtype)).sum(1, keepdim=True)
-            return (F.silu(z) if self.activation == "silu" else z), window[:, 1:]
+            return (F.silu(z) if self.activation == "silu" else z), window[:, 1:].detach()
         # lag_masks[lag]: [1, T, 1], 0 where the token lag steps back lies in an earlier packed document
         lag_masks = None
         if seq.cu_seqlens is not None:
