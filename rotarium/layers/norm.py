@@ -14,6 +14,9 @@ class RMSNorm(nn.RMSNorm):
         super().__init__(hidden_size, eps=eps)
 
 
+L2_EPS = 1e-12  # the norm's floor, as F.normalize's
+
+
 def l2_normalize_forward(x: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """``y = x / max(|x|, eps)`` over the last dim in at least float32: ``(y, 1 / max(|x|, eps), |x| < eps)``."""
     xf = x.to(torch.promote_types(x.dtype, torch.float32))
@@ -52,6 +55,6 @@ class _L2Normalize(torch.autograd.Function):
         return l2_normalize_backward(grad, *ctx.saved_tensors).to(grad.dtype), None
 
 
-def l2_normalize(x: torch.Tensor, eps: float = 1e-12) -> torch.Tensor:
+def l2_normalize(x: torch.Tensor, eps: float = L2_EPS) -> torch.Tensor:
     """``F.normalize(x, dim=-1)`` with a cheaper backward. x ``[..., D]``; returned in x's dtype."""
     return _L2Normalize.apply(x, eps)

@@ -24,7 +24,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from rotarium.layers.conv import ACTIVATIONS, ShortConvolution
-from rotarium.layers.norm import l2_normalize, l2_normalize_backward, l2_normalize_forward
+from rotarium.layers.norm import L2_EPS, l2_normalize_backward, l2_normalize_forward
 from rotarium.layers.sequence import SequenceInfo
 
 POSITION_ENCODINGS = ("nope", "rope", "rove", "selective_rope")
@@ -311,8 +311,9 @@ class RoVE(RoPE):
 
 
 class _HeadNormAndDecay(torch.autograd.Function):
-    """Selective RoPE's two reads of the layer input x ``[B, T, d]``: its chunks per key head, L2-normalised
-    (``xh [B, T, H_kv, d / H_kv]``, the angles' input), and the decay's logits ``x W^T + b`` ``[B, T, H]``.
+    """Selective RoPE's reads of the layer input x ``[B, T, d]``: its chunks per key head, L2-normalised
+    (``xh [B, T, H_kv, d / H_kv]``, the angles' input), and, where the layer adds a decay (``weight`` not None), the
+    decay's logits ``x W^T + b`` ``[B, T, H]`` (None otherwise).
 
     One backward for both: the decay's rank-H share of x's gradient is added in place to the normalisation's, where
     autograd allocates each share and then their sum; on CPU fresh MB-sized tensors cost more in page faults than
@@ -320,12 +321,12 @@ class _HeadNormAndDecay(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, x: torch.Tensor, heads: int, weight: torch.Tensor, bias: torch.Tensor | None):
+    def forward(ctx, x: torch.Tensor, heads: int, weight: torch.Tensor | None, bias: torch.Tensor | None):
         B, T, d = x.shape
-        y, inverse_norm, clamped = l2_normalize_forward(x.reshape(B, T, heads, d // heads), 1e-12)
+        y, inverse_norm, clamped = l2_normalize_forward(x.reshape(B, T, heads, d // heads), L2_EPS)
         ctx.save_for_backward(x, weight, y, inverse_norm, clamped)
         ctx.has_bias = bias is not None
-        return y.to(x.dtype), F.linear(x, weight, bias)
+        return y.to(x.dtype), None if weight is None else F.linear(x, weight, bias)
 
     @staticmethod
     @torch.autograd.function.once_differentiable
@@ -453,12 +454,9 @@ class SelectiveRoPE(PositionalEncoding):
         """From the layer input x ``[B, T, d]``: ``omega`` ``[B, T, H_kv, K/2]`` float32, the log decay the layer adds
         ``[B, T, H]`` float32 (None where it adds none), both zero on padding, and the new convolution window."""
         B, T, _ = x.shape
-        log_decay = None
-        if self._adds_decay:
-            xh, decay_logits = _HeadNormAndDecay.apply(x, self.heads, self.decay_proj.weight, self.decay_proj.bias)
-            log_decay = seq.zero_padding(F.logsigmoid(decay_logits.float()))
-        else:
-            xh = l2_normalize(x.view(B, T, self.heads, self.chunk))
+        decay = self.decay_proj if self._adds_decay else None
+        xh, decay_logits = _HeadNormAndDecay.apply(x, self.heads, *((decay.weight, decay.bias) if decay is not None else (None, None)))
+        log_decay = None if decay_logits is None else seq.zero_padding(F.logsigmoid(decay_logits.float()))
         if self.settings.selective_rope_rank is not None:
             phi = self.phi_up(self.phi_down(xh.reshape(B, T, -1)))
         else:
