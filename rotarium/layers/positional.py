@@ -454,8 +454,8 @@ class SelectiveRoPE(PositionalEncoding):
         """From the layer input x ``[B, T, d]``: ``omega`` ``[B, T, H_kv, K/2]`` float32, the log decay the layer adds
         ``[B, T, H]`` float32 (None where it adds none), both zero on padding, and the new convolution window."""
         B, T, _ = x.shape
-        decay = self.decay_proj if self._adds_decay else None
-        xh, decay_logits = _HeadNormAndDecay.apply(x, self.heads, *((decay.weight, decay.bias) if decay is not None else (None, None)))
+        decay = (self.decay_proj.weight, self.decay_proj.bias) if self._adds_decay else (None, None)
+        xh, decay_logits = _HeadNormAndDecay.apply(x, self.heads, *decay)
         log_decay = None if decay_logits is None else seq.zero_padding(F.logsigmoid(decay_logits.float()))
         if self.settings.selective_rope_rank is not None:
             phi = self.phi_up(self.phi_down(xh.reshape(B, T, -1)))
