@@ -28,8 +28,9 @@ def l2_normalize_forward(x: torch.Tensor, eps: float) -> tuple[torch.Tensor, tor
 
 def l2_normalize_backward(grad: torch.Tensor, y: torch.Tensor, inverse_norm: torch.Tensor,
                           clamped: torch.Tensor) -> torch.Tensor:
-    """``dx = (g - y <g, y>) / max(|x|, eps)`` in y's dtype, in one fresh buffer."""
-    product = grad.to(y.dtype) * y
+    """``dx = (g - y <g, y>) / max(|x|, eps)`` in y's dtype, in one fresh contiguous buffer."""
+    # contiguous whatever grad's layout (an einsum's backward hands over a permuted one): callers view the result
+    product = torch.mul(grad.to(y.dtype), y, out=torch.empty(y.shape, dtype=y.dtype, device=y.device))
     dot = product.sum(-1, keepdim=True).masked_fill_(clamped, 0.0)
     # product's memory is reused for the result
     return product.copy_(grad).addcmul_(y, dot, value=-1.0).mul_(inverse_norm)

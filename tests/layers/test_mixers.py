@@ -70,11 +70,39 @@ def test_bfloat16_runs_and_tracks_float32(family, pe):
     assert (out.float() - ref).norm() / ref.norm() < 0.05
 
 
-@pytest.mark.parametrize("family,pe", COMBINATIONS)
-def test_gradients_reach_every_parameter(family, pe):
-    mixer = make_mixer(family, pe)
-    out, _ = run(mixer, torch.randn(2, 70, HIDDEN))
+def check_gradients_reach_input_and_every_parameter(mixer):
+    # the input needs its gradient, as every layer's but the first does in a model: some backward paths only run then
+    x = torch.randn(2, 70, HIDDEN, requires_grad=True)
+    out, _ = run(mixer, x)
     out.square().mean().backward()
+    assert x.grad is not None and torch.isfinite(x.grad).all()
     for name, p in mixer.named_parameters():
         if p.requires_grad:
             assert p.grad is not None and torch.isfinite(p.grad).all() and p.grad.abs().sum() > 0, name
+
+
+@pytest.mark.parametrize("family,pe", COMBINATIONS)
+def test_gradients_reach_every_parameter(family, pe):
+    check_gradients_reach_input_and_every_parameter(make_mixer(family, pe))
+
+
+SELECTIVE_VARIANTS = [
+    {"selective_rope_rank": None},  # per-head weight-normalised full-rank projection
+    {"selective_rope_rank": 4, "selective_rope_activation": None, "selective_rope_conv_size": 1},
+    {"selective_rope_bias": True, "selective_rope_phase_gate": True},
+    {"selective_rope_spectrum": "rfa", "selective_rope_learn_temperature": True},
+]
+
+
+@pytest.mark.parametrize("options", SELECTIVE_VARIANTS)
+@pytest.mark.parametrize("family", ["gla", "fox", "deltanet", "transformer"])
+def test_selective_rope_variants_train_and_decode(family, options):
+    mixer = make_mixer(family, "selective_rope", **options)
+    check_gradients_reach_input_and_every_parameter(mixer)
+    x = torch.randn(2, T, HIDDEN)
+    full, _ = run(mixer, x)
+    outs, state = [], None
+    for start, stop in [(0, 9), (9, 10), (10, T)]:
+        out, state = run(mixer, x[:, start:stop], state, use_cache=True)
+        outs.append(out)
+    assert (torch.cat(outs, 1) - full).abs().max() <= 1e-5
