@@ -6,12 +6,19 @@ device; fla's fused norm would only save a few percent and would make checkpoint
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 
 class RMSNorm(nn.RMSNorm):
     def __init__(self, hidden_size: int, eps: float = 1e-6):
         super().__init__(hidden_size, eps=eps)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # Under autocast the per-head norms get the kernels' bf16 outputs next to a float32 weight, a pair that
+        # torch.rms_norm only runs unfused (and warns about); the weight follows the input, as autocast's matmuls do.
+        weight = self.weight if self.weight.dtype == x.dtype else self.weight.to(x.dtype)
+        return F.rms_norm(x, self.normalized_shape, weight, self.eps)
 
 
 L2_EPS = 1e-12  # the norm's floor, as F.normalize's

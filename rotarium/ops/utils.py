@@ -6,6 +6,7 @@ broadcasting error deep inside a kernel.
 """
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import Callable, Iterator, Sequence
 
@@ -14,6 +15,25 @@ import torch
 # Value checks (positive log decays, cu_seqlens contents) read tensor values,
 # which costs a host-device synchronisation on CUDA. Shape checks are free.
 VALUE_CHECKS = os.environ.get("ROTARIUM_OPS_VALUE_CHECKS", "1") != "0"
+
+
+def float32_internals(fn: Callable) -> Callable:
+    """Runs a PyTorch-path kernel (or a custom backward) with autocast off for its inputs' device.
+
+    The kernels cast their inputs to float32 and are designed around float32 products: under autocast (accelerate's
+    bf16 mixed precision) their chunk matmuls would run in bfloat16, rounding the recurrent state at every chunk, and
+    the CPU's triangular solve has no bfloat16 kernel at all. Outputs keep the dtype of v, as without autocast.
+    """
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        device_type = next(a.device.type for a in (*args, *kwargs.values()) if isinstance(a, torch.Tensor))
+        if device_type not in ("cpu", "cuda", "mps", "xpu") or not torch.is_autocast_enabled(device_type):
+            return fn(*args, **kwargs)
+        with torch.autocast(device_type, enabled=False):
+            return fn(*args, **kwargs)
+
+    return wrapper
 
 
 def check_tensor(name: str, x: torch.Tensor, ndim: int, layout: str) -> None:

@@ -155,6 +155,19 @@ def test_tied_embeddings_resize_and_bfloat16(tmp_path):
     assert untied.lm_head.weight.data_ptr() != untied.model.embed_tokens.weight.data_ptr()
 
 
+@pytest.mark.parametrize("family", ["gla", "fox", "deltanet", "transformer"])
+def test_bf16_autocast_training_step_tracks_float32(family):
+    """accelerate's bf16 mixed precision on a CPU: the projections run in bf16, the kernels stay float32."""
+    model = tiny_model(family, "selective_rope").train()
+    ids = torch.randint(0, VOCAB, (2, 150))  # several chunks
+    reference = model(ids, labels=ids).loss
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        loss = model(ids, labels=ids).loss
+    loss.backward()
+    assert torch.isfinite(loss) and abs(loss.item() - reference.item()) < 0.02 * reference.item()
+    assert all(torch.isfinite(p.grad).all() for p in model.parameters())
+
+
 def test_initialisation_follows_the_recipe():
     config = tiny_config("deltanet", "selective_rope", use_gated_delta=False, num_hidden_layers=8)
     model = rotarium.DeltaNetForCausalLM(config)

@@ -32,6 +32,7 @@ from rotarium.ops.utils import (
     check_same_device,
     check_same_dtype,
     check_tensor,
+    float32_internals,
     join_time_blocks,
     run_packed,
     time_blocks,
@@ -240,6 +241,7 @@ def _chunk_gated_delta_rule_fwd(
     return o, (S.view(B, H, K, V) if output_final_state else None)
 
 
+@float32_internals
 def chunk_gated_delta_rule_torch(
     q: torch.Tensor,
     k: torch.Tensor,

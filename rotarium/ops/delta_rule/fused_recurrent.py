@@ -10,7 +10,7 @@ import torch
 
 from rotarium.ops.backend import use_fla
 from rotarium.ops.delta_rule.chunk import check_delta_rule_inputs, chunk_gated_delta_rule_torch, l2norm
-from rotarium.ops.utils import run_packed
+from rotarium.ops.utils import float32_internals, run_packed
 
 # Longest input that takes the step loop; beyond it the chunked form is faster.
 MAX_STEPS = 64
@@ -41,6 +41,7 @@ def _recurrent_fwd(
     return o, (S if output_final_state else None)
 
 
+@float32_internals
 def _fused_recurrent_torch(
     q: torch.Tensor,
     k: torch.Tensor,

@@ -25,6 +25,7 @@ from rotarium.ops.utils import (
     check_same_device,
     check_same_dtype,
     check_tensor,
+    float32_internals,
 )
 
 # Query rows per block: the blocks' scores are [rows, keys]; small blocks keep
@@ -183,6 +184,7 @@ class _BlockAttention(torch.autograd.Function):
         return dq, dk, dv, dcq, dck, None, None, None, None, None, None, None
 
 
+@float32_internals
 def block_attention(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -215,6 +217,7 @@ def block_attention(
     return o.view(B, H, Tq, G, -1).transpose(1, 2).reshape(B, Tq, HQ, -1)
 
 
+@float32_internals
 def _sdpa_causal(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
     o = F.scaled_dot_product_attention(
         q.float().transpose(1, 2), k.float().transpose(1, 2), v.float().transpose(1, 2),

@@ -20,6 +20,7 @@ from rotarium.ops.utils import (
     check_same_device,
     check_same_dtype,
     check_tensor,
+    float32_internals,
     join_time_blocks,
     run_packed,
     time_blocks,
@@ -175,6 +176,7 @@ def _gla_block_from_chunk_ends(
     return o.view_as(v), state
 
 
+@float32_internals
 def chunk_gla_torch(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, scale: float,
     initial_state: torch.Tensor | None = None, output_final_state: bool = False,

@@ -5,7 +5,7 @@ import torch
 
 from rotarium.ops.backend import use_fla
 from rotarium.ops.gla.chunk import CHUNK, check_gla_inputs, chunk_gla_torch
-from rotarium.ops.utils import run_packed
+from rotarium.ops.utils import float32_internals, run_packed
 
 
 def _step_loop(
@@ -31,6 +31,7 @@ def _step_loop(
     return torch.stack(outputs, dim=1), state
 
 
+@float32_internals
 def _fused_recurrent_torch(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, gk: torch.Tensor | None, gv: torch.Tensor | None,
     scale: float, initial_state: torch.Tensor | None, output_final_state: bool, reverse: bool,
