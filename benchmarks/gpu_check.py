@@ -1,6 +1,9 @@
-"""On a CUDA machine: every op's fla path against the PyTorch path (outputs, final states, gradients) and timings.
+"""On a CUDA machine: every op's fla path against the PyTorch path (outputs, final states, gradients) and timings,
+then every family x positional option end to end (training loss and gradients, packed documents, cached decoding)
+with the ops forced to fla and to PyTorch.
 
-Usage: ``python benchmarks/gpu_check.py [--T 4096] [--repeats 5]``. Exits non-zero when a comparison fails.
+Usage: ``python benchmarks/gpu_check.py [--T 4096] [--repeats 5] [--no-models]``. Exits non-zero when a comparison
+fails. Every line is printed as soon as it is measured, so a run cut short by a time limit still reports what it did.
 CI never runs this (it needs a GPU).
 """
 from __future__ import annotations
@@ -16,6 +19,9 @@ sys.path.insert(0, os.path.dirname(__file__))
 from common import best, paired_ratio, time_rounds, verdict  # noqa: E402
 
 import rotarium.ops as ops  # noqa: E402
+from rotarium.layers import POSITION_ENCODINGS  # noqa: E402
+from rotarium.models import CONFIGS, FAMILY_MODELS  # noqa: E402
+from rotarium.ops.backend import ENV_VAR  # noqa: E402
 
 
 def inputs(B: int, T: int, H: int, K: int, V: int, dtype: torch.dtype) -> dict[str, torch.Tensor]:
@@ -88,11 +94,64 @@ def report(name: str, errs: dict[str, float], tol: float) -> bool:
     return good
 
 
+def model_checks(tol: float, dev: str = "cuda") -> bool:
+    """Tiny models of every family x positional option under bf16 autocast (how they train on a GPU), ops forced to
+    fla and then to PyTorch: loss and gradients of a batch, loss of packed documents, and on the fla path a prefill
+    followed by token-by-token decoding against the full forward's logits."""
+    ok = True
+    for family in CONFIGS:
+        for encoding in POSITION_ENCODINGS:
+            config = CONFIGS[family](vocab_size=512, hidden_size=256, num_hidden_layers=2, num_heads=4,
+                                     intermediate_size=512, position_encoding=encoding, bos_token_id=None,
+                                     eos_token_id=None)
+            torch.manual_seed(0)
+            model = FAMILY_MODELS[family][2](config).to(dev)
+            ids = torch.randint(0, 512, (2, 300), device=dev)  # past several chunks, not a multiple of 64
+            packed = torch.randint(0, 512, (1, 300), device=dev)
+            cu_seqlens = torch.tensor([0, 70, 71, 230, 300], device=dev)
+
+            def run(backend: str, model=model, ids=ids, packed=packed, cu_seqlens=cu_seqlens, dev=dev):
+                os.environ[ENV_VAR] = backend
+                model.train().zero_grad(set_to_none=True)
+                with torch.autocast(dev, dtype=torch.bfloat16):
+                    loss = model(ids, labels=ids).loss
+                    loss.backward()
+                    with torch.no_grad():
+                        packed_loss = model(packed, labels=packed, cu_seqlens=cu_seqlens).loss
+                grads = torch.cat([p.grad.float().flatten() for p in model.parameters() if p.grad is not None])
+                return loss.float(), grads, packed_loss.float()
+
+            def decoding(model=model, ids=ids, dev=dev):
+                os.environ[ENV_VAR] = "fla"
+                model.eval()
+                with torch.no_grad(), torch.autocast(dev, dtype=torch.bfloat16):
+                    full = model(ids[:, :140]).logits[:, 130:].float()
+                    out = model(ids[:, :130], use_cache=True)
+                    steps, cache = [], out.past_key_values
+                    for t in range(130, 140):
+                        out = model(ids[:, t:t + 1], past_key_values=cache, use_cache=True)
+                        steps.append(out.logits.float())
+                        cache = out.past_key_values
+                return rel_err(torch.cat(steps, 1), full)
+
+            def compare(family=family, encoding=encoding, run=run, decoding=decoding):
+                (loss_f, grads_f, packed_f), (loss_t, grads_t, packed_t) = run("fla"), run("torch")
+                errs = {"loss": rel_err(loss_f, loss_t), "grads": rel_err(grads_f, grads_t),
+                        "packed loss": rel_err(packed_f, packed_t), "decode vs full (fla)": decoding()}
+                return report(f"{family} + {encoding}", errs, tol)
+
+            ok &= guarded(f"{family} + {encoding}", compare)
+    os.environ.pop(ENV_VAR, None)
+    return ok
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--T", type=int, default=4096)
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--no-models", action="store_true", help="only the ops")
     args = parser.parse_args()
+    sys.stdout.reconfigure(line_buffering=True)  # a run cut short by its time limit keeps every line it printed
     assert torch.cuda.is_available() and ops.fla_available(), "needs a CUDA GPU with fla and triton"
     import fla
 
@@ -133,6 +192,9 @@ def main() -> None:
                   f"torch/fla {paired_ratio(samples['torch'], samples['fla']):.1f}x")
             return True
         ok &= guarded(name, timing)
+    if not args.no_models:
+        print("\n## models, bf16 autocast, fla vs torch (relative L2 errors; d=256, 2 layers, T=300)")
+        ok &= model_checks(tol=5e-2)
     print(f"\nall comparisons: {verdict(ok)}")
     sys.exit(0 if ok else 1)
 
