@@ -115,9 +115,9 @@ def model_checks(tol: float, dev: str = "cuda") -> bool:
                 model.train().zero_grad(set_to_none=True)
                 with torch.autocast(dev, dtype=torch.bfloat16):
                     loss = model(ids, labels=ids).loss
-                    loss.backward()
-                    with torch.no_grad():
-                        packed_loss = model(packed, labels=packed, cu_seqlens=cu_seqlens).loss
+                loss.backward()  # outside autocast, as accelerate runs it
+                with torch.no_grad(), torch.autocast(dev, dtype=torch.bfloat16):
+                    packed_loss = model(packed, labels=packed, cu_seqlens=cu_seqlens).loss
                 grads = torch.cat([p.grad.float().flatten() for p in model.parameters() if p.grad is not None])
                 return loss.float(), grads, packed_loss.float()
 
