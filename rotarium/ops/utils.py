@@ -28,12 +28,19 @@ def float32_internals(fn: Callable) -> Callable:
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
         device_type = next(a.device.type for a in (*args, *kwargs.values()) if isinstance(a, torch.Tensor))
-        if device_type not in ("cpu", "cuda", "mps", "xpu") or not torch.is_autocast_enabled(device_type):
+        if not _autocast_enabled(device_type):
             return fn(*args, **kwargs)
         with torch.autocast(device_type, enabled=False):
             return fn(*args, **kwargs)
 
     return wrapper
+
+
+def _autocast_enabled(device_type: str) -> bool:
+    try:
+        return torch.is_autocast_enabled(device_type)
+    except RuntimeError:  # a device type autocast does not know (meta): nothing to turn off
+        return False
 
 
 def check_tensor(name: str, x: torch.Tensor, ndim: int, layout: str) -> None:
