@@ -335,8 +335,9 @@ class _HeadNormAndDecay(torch.autograd.Function):
         B, T, d = x.shape
         grad_x = grad_weight = grad_bias = None
         if ctx.needs_input_grad[0]:
+            # contiguous either way (as l2_normalize_backward's result), so that it views as [B * T, d]
             grad_x = (l2_normalize_backward(grad_xh, y, inverse_norm, clamped) if grad_xh is not None
-                      else torch.zeros_like(y)).view(B * T, d)
+                      else y.new_zeros(y.shape)).view(B * T, d)
         if grad_logits is not None:
             grad_logits = grad_logits.reshape(B * T, -1).to(y.dtype)
             if grad_x is not None:

@@ -18,7 +18,7 @@ VALUE_CHECKS = os.environ.get("ROTARIUM_OPS_VALUE_CHECKS", "1") != "0"
 
 
 def float32_internals(fn: Callable) -> Callable:
-    """Runs a PyTorch-path kernel (or a custom backward) with autocast off for its inputs' device.
+    """Runs a PyTorch-path kernel with autocast off for its inputs' device.
 
     The kernels cast their inputs to float32 and are designed around float32 products: under autocast (accelerate's
     bf16 mixed precision) their chunk matmuls would run in bfloat16, rounding the recurrent state at every chunk, and
