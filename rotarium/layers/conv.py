@@ -75,6 +75,12 @@ def _lagged_terms(T: int, W: int, history: torch.Tensor | None):
         yield lag, in_x, in_history
 
 
+def _taps(weight: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """The weight ``[C, W]`` as ``[W, C]`` rows (lag l uses row ``W - 1 - l``), contiguous: broadcasting a strided
+    ``[C]`` column over ``[B, T, C]`` takes PyTorch's non-vectorised path on CPU (the convolution ran 2.5x slower)."""
+    return weight.t().to(dtype).contiguous()
+
+
 class _CausalDepthwiseConv(torch.autograd.Function):
     """``z_t = sum_lag w_{W-1-lag} x_{t-lag}`` (history before the first token), ``y = silu(z)`` or ``z``.
 
@@ -85,10 +91,10 @@ class _CausalDepthwiseConv(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, weight, history, lag_masks, silu):
         T, W = x.shape[1], weight.shape[1]
-        taps = weight.to(x.dtype)  # [C, W]; lag l uses column W - 1 - l
-        z = x * taps[:, W - 1]  # lag 0
+        taps = _taps(weight, x.dtype)
+        z = x * taps[W - 1]  # lag 0
         for lag, (out_rows, x_rows), from_history in itertools.islice(_lagged_terms(T, W, history), 1, None):
-            tap = taps[:, W - 1 - lag]
+            tap = taps[W - 1 - lag]
             if from_history is not None:
                 rows, hist = from_history
                 z[:, rows].addcmul_(history[:, hist], tap)
@@ -105,17 +111,17 @@ class _CausalDepthwiseConv(torch.autograd.Function):
         x, weight, history, z = ctx.saved_tensors
         T, W = x.shape[1], weight.shape[1]
         dz = torch.ops.aten.silu_backward(grad, z) if ctx.silu else grad
-        taps = weight.to(x.dtype)
-        grad_x = dz * taps[:, W - 1] if ctx.needs_input_grad[0] else None  # lag 0
+        taps = _taps(weight, x.dtype)
+        grad_x = dz * taps[W - 1] if ctx.needs_input_grad[0] else None  # lag 0
         acc = torch.promote_types(weight.dtype, torch.float32)  # bf16 sums over B * T tokens would lose digits
-        grad_weight = torch.zeros(weight.shape, dtype=acc, device=weight.device)
+        grad_taps = torch.zeros(W, weight.shape[0], dtype=acc, device=weight.device)
         products = torch.empty_like(dz)  # one buffer for every lag's dz * x: fresh MB-sized tensors page-fault
         for lag, (out_rows, x_rows), from_history in _lagged_terms(T, W, history):
             d = dz[:, out_rows]
             if ctx.lag_masks is not None and lag > 0:
                 d = d * ctx.lag_masks[lag][:, out_rows]
             if grad_x is not None and lag > 0:
-                grad_x[:, x_rows].addcmul_(d, taps[:, W - 1 - lag])
+                grad_x[:, x_rows].addcmul_(d, taps[W - 1 - lag])
             product = torch.mul(d, x[:, x_rows], out=products[:, out_rows])
             # over time, then batch: for lags > 0 the product is a slice, and one reduction over both dims of a
             # slice takes PyTorch's strided path on CPU (measured 15x slower than this)
@@ -123,5 +129,5 @@ class _CausalDepthwiseConv(torch.autograd.Function):
             if from_history is not None:
                 rows, hist = from_history
                 tap_grad += (dz[:, rows] * history[:, hist]).sum(1, dtype=acc).sum(0)
-            grad_weight[:, W - 1 - lag] = tap_grad
-        return grad_x, grad_weight.to(weight.dtype), None, None, None
+            grad_taps[W - 1 - lag] = tap_grad
+        return grad_x, grad_taps.t().to(weight.dtype), None, None, None
