@@ -1,12 +1,13 @@
 """Timing helpers shared by the benchmark scripts.
 
 This machine is shared: its speed drifts by 20-50% over seconds to minutes. So contenders are timed
-round-robin (one call each per round, in the same conditions), a time is the best of its rounds, and a ratio
-is the median over rounds of the two contenders' times in the same round, which cancels the drift instead
-of trusting whichever run happened to be lucky.
+round-robin (one call each per round, in the same conditions, in a shuffled order), a time is the best of its
+rounds, and a ratio is the median over rounds of the two contenders' times in the same round, which cancels the
+drift instead of trusting whichever run happened to be lucky.
 """
 from __future__ import annotations
 
+import random
 import statistics
 import time
 from collections.abc import Callable, Hashable
@@ -26,8 +27,14 @@ def time_rounds(fns: dict[Hashable, Callable[[], object]], repeats: int = 3,
         for _ in range(warmup):
             fn()
     samples: dict[Hashable, list[float]] = {key: [] for key in fns}
+    order, shuffler = list(fns), random.Random(0)
     for _ in range(repeats):
-        for key, fn in fns.items():
+        # A fresh order each round (the same in every run): a call inherits the heap the previous call left (how much
+        # memory glibc kept, hence its page faults), so a fixed order favours whichever contender follows the
+        # heaviest one (two mixers timed in both orders: 1.25 against 1.18).
+        shuffler.shuffle(order)
+        for key in order:
+            fn = fns[key]
             _sync()
             start = time.perf_counter()
             fn()
