@@ -1,10 +1,10 @@
 """The one RMSNorm of rotarium, and the L2 normalisation over heads' features.
 
-``torch.nn.RMSNorm`` (the module, its parameters and its state dict) on every device. On CUDA its forward is
-PyTorch's fused kernel; elsewhere ``F.rms_norm`` is a composite of five ops whose autograd backward broadcasts a
-stride-0 mean over the features one element at a time, so there a hand-written backward takes its place (same
-forward arithmetic, fwd+bwd 2.3x faster for the per-head norms and 3x for the blocks' on CPU). fla's fused norm
-would only save a few percent on CUDA and would make checkpoints depend on where they were trained.
+RMSNorm is ``torch.nn.RMSNorm`` (same parameters and state dict) on every device. On CUDA it runs PyTorch's fused
+kernel. Elsewhere ``F.rms_norm`` is a composite of five ops, and autograd's backward of it expands the mean's gradient
+over the features, so a hand-written backward takes its place: the same forward arithmetic, bit for bit, and the
+norm's fwd+bwd 1.4-2.4x faster on CPU. fla's fused norm would only save a few percent on CUDA and would make
+checkpoints depend on where they were trained.
 """
 from __future__ import annotations
 
