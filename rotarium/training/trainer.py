@@ -409,6 +409,13 @@ class Trainer:
             plot_loss_curve(metrics_path, self.run_dir / "loss_curve.png")
             (final / "eval").mkdir(exist_ok=True)
             shutil.copy(self.run_dir / "loss_curve.png", final / "eval" / "loss_curve.png")
+        if isinstance(self.model, torch.nn.parallel.DistributedDataParallel):
+            # DDP's reducer must not hold the process group's last reference: its dealloc keeps the GIL while gloo's
+            # destructor joins worker threads that may need the GIL to free a tensor, a deadlock that hung a CI run
+            # at exit (pytorch/pytorch#56297). Released while the group is still registered, the group is destroyed
+            # by end_training instead, on a path that releases the GIL.
+            self.model = self.model.module
+            acc.free_memory()
         acc.end_training()
         vals = [r["val_loss"] for r in read_metrics(metrics_path) if "val_loss" in r]
         return TrainResult(self.run_dir, final, step, vals[0] if vals else None, vals[-1] if vals else None,
