@@ -16,6 +16,7 @@ rotation a single complex product instead of four kernels (and their backward).
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, fields
 from typing import ClassVar
 
@@ -137,17 +138,20 @@ def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, inverse: bool
     return out.to(x.dtype)
 
 
-def _per_head(cos: torch.Tensor, sin: torch.Tensor, x: torch.Tensor,
-              heads_major: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos and sin laid out per head of x when they broadcast over its heads (RoPE's angles do) and x's rotation is
-    written token-major: a stride-0 head dim between time and features cuts PyTorch's CPU loops to R/2 elements, and
-    the rotation ran 1.7x slower than on per-head copies (which cost a sixth of one rotation). Head-major outputs loop
-    over time innermost and gain nothing."""
-    heads = x.shape[2]
-    if heads_major or cos.shape[2] != 1 or heads == 1:
-        return cos, sin
-    shape = (*cos.shape[:2], heads, cos.shape[3])
-    return cos.expand(shape).contiguous(), sin.expand(shape).contiguous()
+def _per_head(cos: torch.Tensor, sin: torch.Tensor, xs: Sequence[torch.Tensor | None],
+              heads_major: bool) -> dict[int, tuple[torch.Tensor, torch.Tensor]]:
+    """(cos, sin) for each head count among xs, laid out per head when they broadcast over the heads (RoPE's angles
+    do) and the rotation is written token-major: a stride-0 head dim between time and features cuts PyTorch's CPU
+    loops to R/2 elements, and the rotation ran 1.7x slower than on per-head copies (which cost a sixth of one
+    rotation, made once for q and k alike). Head-major outputs loop over time innermost and gain nothing."""
+    layouts = {}
+    for heads in {x.shape[2] for x in xs if x is not None}:
+        if heads_major or cos.shape[2] != 1 or heads == 1:
+            layouts[heads] = (cos, sin)
+        else:
+            shape = (*cos.shape[:2], heads, cos.shape[3])
+            layouts[heads] = (cos.expand(shape).contiguous(), sin.expand(shape).contiguous())
+    return layouts
 
 
 class _RotateHalf(torch.autograd.Function):
@@ -160,7 +164,8 @@ class _RotateHalf(torch.autograd.Function):
     def forward(ctx, angles: torch.Tensor, heads_major: bool, *xs: torch.Tensor) -> tuple[torch.Tensor, ...]:
         compute = torch.promote_types(xs[0].dtype, torch.float32)  # bf16 would lose the angle's precision
         cos, sin = angles.cos().to(compute), angles.sin().to(compute)
-        outs = tuple(_rotate(x, *_per_head(cos, sin, x, heads_major), heads_major=heads_major) for x in xs)
+        layouts = _per_head(cos, sin, xs, heads_major)
+        outs = tuple(_rotate(x, *layouts[x.shape[2]], heads_major=heads_major) for x in xs)
         ctx.angles_shape = angles.shape
         ctx.save_for_backward(cos, sin, *(outs if ctx.needs_input_grad[0] else ()))
         return outs
@@ -170,7 +175,8 @@ class _RotateHalf(torch.autograd.Function):
     def backward(ctx, *grads: torch.Tensor | None) -> tuple[torch.Tensor | None, ...]:
         cos, sin, *outs = ctx.saved_tensors
         # token-major: the gradients go on to the projections' matmuls, which read [B * T, H * D]
-        grad_xs = [None if g is None or not needed else _rotate(g, *_per_head(cos, sin, g, False), inverse=True)
+        layouts = _per_head(cos, sin, grads, heads_major=False)
+        grad_xs = [None if g is None or not needed else _rotate(g, *layouts[g.shape[2]], inverse=True)
                    for g, needed in zip(grads, ctx.needs_input_grad[2:])]
         grad_angles = None
         if ctx.needs_input_grad[0]:
