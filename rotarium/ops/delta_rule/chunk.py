@@ -14,8 +14,8 @@ Substituting u, everything but S is known before the scan:
 ``O = Q' S + P U`` with ``Q' = exp(gamma) Q - P W``, and ``S' = G S + N`` with
 ``G = exp(gamma_C) I - (exp(gamma_C - gamma) K)^T W``, ``N = (exp(gamma_C - gamma) K)^T U``.
 So the sequential part is one ``[K, K] @ [K, V]`` matmul per chunk; all the rest is batched over chunks.
-Where every chunk decays by at most e^-BOUND, the factor ``exp(gamma_C)`` that W, Q' and G share is taken out
-of them and applied to the ``[K, V]`` state entering the chunk instead (see :func:`_intra_chunk`).
+Where every chunk decays by at most e^-BOUND, the decays move off the keys altogether: a per-head decay commutes
+with the rule's transitions, so the chunk runs the plain rule on rescaled values (see :func:`_intra_chunk`).
 """
 from __future__ import annotations
 
@@ -167,27 +167,22 @@ def _intra_chunk(
     """
     C, K, V = q.shape[-2], k.shape[-1], v.shape[-1]
     decay, state_diagonal = None, 1.0  # G = state_diagonal I - KW
-    if gamma is None:
+    if gamma is None or bool(gamma[..., -1].amin() >= -BOUND):  # no decay, or every chunk's is at most e^-BOUND
         k_beta = k * beta
         A = k_beta @ k.transpose(-1, -2)
-        P = (q @ k.transpose(-1, -2)).tril_()
-        rhs = torch.cat([v * beta, k_beta], -1)
-        k_out, q_in = k, q
-    elif bool(gamma[..., -1].amin() >= -BOUND):  # every chunk decays by at most e^-BOUND: usual gates
-        # Every decay measured from the chunk's end: exp(gamma_i - gamma_C) in [1, e^BOUND] on q and on beta k,
-        # exp(gamma_C - gamma_j) <= 1 on k, so no [C, C] decay is built, and k's scaled copy is also the one that
-        # carries k_j to the chunk end. The remaining factor exp(gamma_C) of W, Q_state and G becomes one scaling of
-        # the [K, V] state per chunk instead of three more scaled [C, K] copies of q and k (and their backward).
-        # Entries of A above the diagonal may be large; the solver never reads them and P masks them out.
-        last = gamma[..., -1:]
-        rise = (gamma - last).exp()[..., None]
-        k_out = k * (last - gamma).exp()[..., None]  # a product: its backward is cheaper than a quotient's
-        k_rise = k * (beta * rise)
-        q_in = q * rise
-        A = k_rise @ k_out.transpose(-1, -2)
-        P = (q_in @ k_out.transpose(-1, -2)).tril_()
-        rhs = torch.cat([v * beta, k_rise], -1)
-        decay = last.exp()[..., None]
+        q_in, v_beta, k_out = q, v * beta, k
+        if gamma is not None:
+            # A per-head decay is a scalar, so it commutes with every (I - beta k k^T): inside a chunk the gated
+            # rule is the plain one run on exp(gamma_C - gamma) v (factors <= 1), each output raised by
+            # exp(gamma_i - gamma_C) >= 1 (on q, so that it reaches the state's share of the output too), and the
+            # state entering the chunk lowered by exp(gamma_C). A, W and G stay the plain rule's: one scaled [C, K]
+            # copy (q's) where decays on the keys took three, and their backward.
+            last = gamma[..., -1:]
+            q_in = q * (gamma - last).exp()[..., None]
+            v_beta = v * (beta * (last - gamma).exp()[..., None])
+            decay = last.exp()[..., None]
+        P = (q_in @ k.transpose(-1, -2)).tril_()
+        rhs = torch.cat([v_beta, k_beta], -1)
     else:  # some chunk decays by more: exp only of non-positive differences, masked first
         decay_in = gamma.exp()[..., None]  # exp(gamma_i): decay from the chunk start to i
         causal = torch.ones(C, C, dtype=torch.bool, device=q.device).tril()
