@@ -2,8 +2,10 @@
 
 Targets: RoPE and RoVE within 1.10 of NoPE, Selective RoPE within 1.20. The NoPE column is its best time; a ratio is
 the median over rounds of the two times measured in the same round (see common.py). The backward includes the
-gradient of the mixer's input, as in training. One small CPU shape by default:
-``python benchmarks/layers.py [--batch 4] [--seq-len 512] [--hidden 256] [--heads 4] [--repeats 30] [--no-input-grad]``.
+gradient of the mixer's input, as in training. The verdicts are taken with glibc keeping freed memory for every
+contender alike (see common.keep_freed_memory), after an informative table under glibc's defaults. One small CPU
+shape by default: ``python benchmarks/layers.py [--batch 4] [--seq-len 512] [--hidden 256] [--heads 4]
+[--repeats 30] [--no-input-grad] [--kept-memory-only]``.
 """
 from __future__ import annotations
 
@@ -14,7 +16,7 @@ import sys
 import torch
 
 sys.path.insert(0, os.path.dirname(__file__))
-from common import best, paired_ratio, time_rounds, verdict  # noqa: E402
+from common import best, keep_freed_memory, paired_ratio, time_rounds, verdict  # noqa: E402
 
 from rotarium.layers import MIXERS, POSITION_ENCODINGS, PositionalSettings, SequenceInfo, build_mixer  # noqa: E402
 
@@ -35,22 +37,8 @@ def training_step(mixer: torch.nn.Module, x: torch.Tensor, seq: SequenceInfo):
     return step
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--batch", type=int, default=4)
-    parser.add_argument("--seq-len", type=int, default=512)
-    parser.add_argument("--hidden", type=int, default=256)
-    parser.add_argument("--heads", type=int, default=4)
-    parser.add_argument("--repeats", type=int, default=30)
-    parser.add_argument("--no-input-grad", action="store_true",
-                        help="skip the gradient of the mixer's input (before 2026-12-03 the benchmark did)")
-    args = parser.parse_args()
-    torch.manual_seed(0)
-    # in training every mixer's input needs its gradient (it comes from the blocks below), so its backward does too
-    x = torch.randn(args.batch, args.seq_len, args.hidden, requires_grad=not args.no_input_grad)
-    seq = SequenceInfo.build(x)
-    print(f"forward+backward{' (no input gradient)' if args.no_input_grad else ''}, B={args.batch} T={args.seq_len} "
-          f"d={args.hidden} H={args.heads}, float32, {torch.get_num_threads()} threads; ratio to the same mixer with NoPE")
+def measure(args: argparse.Namespace, x: torch.Tensor, seq: SequenceInfo) -> bool:
+    """Prints one table of ratios; True when every target holds."""
     print("| mixer | " + " | ".join(POSITION_ENCODINGS) + " |")
     print("|---|" + "---|" * len(POSITION_ENCODINGS))
     ok = True
@@ -81,6 +69,35 @@ def main() -> None:
     if rotation_only:
         print("\nSelective RoPE without its added decay (rotation only): "
               + ", ".join(f"{family} {ratio:.3f}" for family, ratio in rotation_only.items()))
+    return ok
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--batch", type=int, default=4)
+    parser.add_argument("--seq-len", type=int, default=512)
+    parser.add_argument("--hidden", type=int, default=256)
+    parser.add_argument("--heads", type=int, default=4)
+    parser.add_argument("--repeats", type=int, default=30)
+    parser.add_argument("--no-input-grad", action="store_true",
+                        help="skip the gradient of the mixer's input (before 2026-12-03 the benchmark did)")
+    parser.add_argument("--kept-memory-only", action="store_true",
+                        help="skip the informative table under glibc's default allocator")
+    args = parser.parse_args()
+    torch.manual_seed(0)
+    # in training every mixer's input needs its gradient (it comes from the blocks below), so its backward does too
+    x = torch.randn(args.batch, args.seq_len, args.hidden, requires_grad=not args.no_input_grad)
+    seq = SequenceInfo.build(x)
+    print(f"forward+backward{' (no input gradient)' if args.no_input_grad else ''}, B={args.batch} T={args.seq_len} "
+          f"d={args.hidden} H={args.heads}, float32, {torch.get_num_threads()} threads; ratio to the same mixer with NoPE")
+    if not args.kept_memory_only:
+        print("\n## glibc's default allocator (informative: which contender gets fresh pages from the OS depends on its "
+              "temporaries' sizes and on the call before it)")
+        measure(args, x, seq)
+    kept = keep_freed_memory()
+    print("\n## " + ("freed memory kept by the allocator (glibc mallopt: no trimming, no mmap below 256 MB), for "
+                     "every contender alike" if kept else "the allocator as it is (not glibc: its policy was left alone)"))
+    ok = measure(args, x, seq)
     print(f"\ntargets (RoPE/RoVE <= 1.10, Selective RoPE <= 1.20): {verdict(ok)}")
 
 

@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(__file__))
-from common import best, paired_ratio, time_rounds, verdict  # noqa: E402
+from common import best, keep_freed_memory, paired_ratio, time_rounds, verdict  # noqa: E402
 
 from rotarium.ops import chunk_delta_rule, chunk_gated_delta_rule, chunk_gla, parallel_forgetting_attn  # noqa: E402
 
@@ -154,18 +154,6 @@ def scaling(lengths: list[int], repeats: int) -> bool:
         print(f"{name}: growth {ratio:.2f}x (target <= 4.5) {verdict(ratio <= 4.5)}"
               + ("" if faults is None else f"; minor page faults per call at 16384: {faults:,}"))
     return ok
-
-
-def keep_freed_memory() -> bool:
-    """Makes glibc keep freed memory for reuse instead of handing it back to the OS; False where that is not glibc."""
-    import ctypes
-
-    try:
-        libc = ctypes.CDLL("libc.so.6")
-        trim_threshold, mmap_threshold = -1, -3  # malloc.h's M_TRIM_THRESHOLD, M_MMAP_THRESHOLD
-        return bool(libc.mallopt(mmap_threshold, 256 << 20)) and bool(libc.mallopt(trim_threshold, 1 << 30))
-    except (OSError, AttributeError):
-        return False
 
 
 def main() -> None:
