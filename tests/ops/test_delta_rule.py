@@ -219,8 +219,8 @@ def test_extreme_gates(name, g_value, beta_value):
 
 @pytest.mark.parametrize("span", [0.9, 1.1])
 def test_chunk_decay_just_inside_and_past_the_chunk_end_bound(span):
-    """Chunks decaying by just under e^-BOUND take the factored path (q and beta k scaled by up to e^BOUND);
-    just over, the masked-exponent path. Both must match the recurrence, gradients included."""
+    """Chunks decaying by just under e^-BOUND take the rescaled path (q raised by up to e^BOUND, values lowered by
+    down to e^-BOUND); just over, the masked-exponent path. Both must match the recurrence, gradients included."""
     x = make_inputs(T=130)
     with torch.no_grad():
         x["g"].fill_(-span * chunk_module.BOUND / chunk_module.CHUNK_SIZE)
