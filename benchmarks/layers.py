@@ -87,8 +87,7 @@ def main() -> None:
     parser.add_argument("--default-allocator", action="store_true",
                         help="only the informative table under glibc's default allocator (what the first part runs)")
     args = parser.parse_args()
-    # Each allocator policy gets a process of its own: the verdicts measured after the defaults' table in one
-    # process, on the heap it left, missed a target in 2 runs of 4 that 6 runs in fresh processes met.
+    # each allocator policy gets a process of its own: the verdicts never measure a heap shaped by the other's run
     kept = not args.default_allocator and keep_freed_memory()
     if not args.default_allocator and not args.kept_memory_only:
         subprocess.run([sys.executable, __file__, *sys.argv[1:], "--default-allocator"], check=True)
