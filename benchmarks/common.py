@@ -60,8 +60,8 @@ def verdict(ok: bool) -> str:
 def keep_freed_memory() -> bool:
     """Makes glibc keep freed memory for reuse instead of handing it back to the OS; False where that is not glibc.
 
-    For the rest of the process (glibc's adaptive thresholds cannot be restored), so callers measure the default
-    allocator first. Under glibc's defaults a call reuses freed pages up to a threshold that adapts to the biggest
+    For the rest of the process (glibc's adaptive thresholds cannot be restored), so the scripts measure the default
+    allocator in another process. Under glibc's defaults a call reuses freed pages up to a threshold that adapts to the biggest
     tensors freed so far and gets fresh zero-filled pages from the OS beyond it (1.2-3.3 us each on this VM): which
     contender pays depends on its temporaries' sizes and on what ran before it, not on its arithmetic. Kept memory is
     what jemalloc / tcmalloc give (PyTorch's CPU tuning guide recommends them) and what PyTorch's caching allocator

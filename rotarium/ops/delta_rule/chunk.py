@@ -170,8 +170,10 @@ def _intra_chunk(
     if gamma is None or bool(gamma[..., -1].amin() >= -BOUND):  # no decay, or every chunk's is at most e^-BOUND
         k_beta = k * beta
         A = k_beta @ k.transpose(-1, -2)
-        q_in, v_beta, k_out = q, v * beta, k
-        if gamma is not None:
+        k_out = k
+        if gamma is None:
+            q_in, v_beta = q, v * beta
+        else:
             # A per-head decay is a scalar, so it commutes with every (I - beta k k^T): inside a chunk the gated
             # rule is the plain one run on exp(gamma_C - gamma) v (factors <= 1), each output raised by
             # exp(gamma_i - gamma_C) >= 1 (on q, so that it reaches the state's share of the output too), and the
