@@ -4,8 +4,15 @@ Targets: RoPE and RoVE within 1.10 of NoPE, Selective RoPE within 1.20. The NoPE
 the median over rounds of the two times measured in the same round (see common.py). The backward includes the
 gradient of the mixer's input, as in training. The verdicts are taken with glibc keeping freed memory for every
 contender alike (see common.keep_freed_memory), after an informative table under glibc's defaults measured in a
-process of its own. One small CPU shape by default: ``python benchmarks/layers.py [--batch 4] [--seq-len 512]
-[--hidden 256] [--heads 4] [--repeats 30] [--no-input-grad] [--kept-memory-only]``.
+process of its own.
+
+One small CPU shape by default: B=4, T=512, width 512, each family with its 370M preset's head sizes (GLA: keys 128
+and values 256 wide per head; DeltaNet: 128; FoX and the Transformer: 64). 512 is the smallest width that holds at
+least two of every family's preset heads. The positional layer's work grows with the width and the mixer's
+projections with its square, so narrower mixers show larger ratios: the README also gives ``--hidden 256 --heads 4``
+(the width of ``rotarium train``'s small default model).
+``python benchmarks/layers.py [--batch 4] [--seq-len 512] [--hidden 512] [--heads N] [--repeats 30]
+[--no-input-grad] [--kept-memory-only]``.
 """
 from __future__ import annotations
 
@@ -19,9 +26,20 @@ import torch
 sys.path.insert(0, os.path.dirname(__file__))
 from common import best, keep_freed_memory, paired_ratio, time_rounds, verdict  # noqa: E402
 
+from rotarium.configs.presets import PRESETS  # noqa: E402
 from rotarium.layers import MIXERS, POSITION_ENCODINGS, PositionalSettings, SequenceInfo, build_mixer  # noqa: E402
 
 TARGETS = {"nope": 1.0, "rope": 1.10, "rove": 1.10, "selective_rope": 1.20}
+
+
+def preset_heads(family: str, hidden: int) -> int:
+    """Heads of ``family``'s 370M preset's width at width ``hidden``."""
+    values = PRESETS[f"{family}-370m"][1]
+    head_width = values["hidden_size"] // values["num_heads"]
+    if hidden % head_width:
+        raise ValueError(f"--hidden {hidden} does not hold {family}'s preset heads ({head_width} wide each): use a "
+                         f"multiple of {head_width}, or give --heads")
+    return hidden // head_width
 
 
 def training_step(mixer: torch.nn.Module, x: torch.Tensor, seq: SequenceInfo):
@@ -45,15 +63,16 @@ def measure(args: argparse.Namespace, x: torch.Tensor, seq: SequenceInfo) -> boo
     ok = True
     rotation_only = {}
     for family in MIXERS:
+        heads = args.heads or preset_heads(family, args.hidden)
         steps = {}
         for name in POSITION_ENCODINGS:
-            mixer = build_mixer(family, hidden_size=args.hidden, num_heads=args.heads,
+            mixer = build_mixer(family, hidden_size=args.hidden, num_heads=heads,
                                 positional=PositionalSettings(position_encoding=name))
             steps[name] = training_step(mixer, x, seq)
             if name == "selective_rope" and mixer.positional.adds_decay:
                 # informative: the same option without the decay it adds to this decay-less mixer, which changes
                 # the kernel (softmax -> forgetting attention, delta rule -> gated delta rule)
-                mixer = build_mixer(family, hidden_size=args.hidden, num_heads=args.heads, positional=PositionalSettings(
+                mixer = build_mixer(family, hidden_size=args.hidden, num_heads=heads, positional=PositionalSettings(
                     position_encoding="selective_rope", selective_rope_decay=False))
                 steps["rotation only"] = training_step(mixer, x, seq)
         samples = time_rounds(steps, args.repeats)
@@ -64,7 +83,7 @@ def measure(args: argparse.Namespace, x: torch.Tensor, seq: SequenceInfo) -> boo
             good = ratio <= TARGETS[pe]
             ok &= good
             cells.append(f"{times[pe] * 1e3:.1f} ms" if pe == "nope" else f"{ratio:.3f} {verdict(good)}")
-        print(f"| {family} | " + " | ".join(cells) + " |")
+        print(f"| {family} (H={heads}) | " + " | ".join(cells) + " |")
         if "rotation only" in samples:
             rotation_only[family] = paired_ratio(samples["rotation only"], samples["nope"])
     if rotation_only:
@@ -77,8 +96,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--batch", type=int, default=4)
     parser.add_argument("--seq-len", type=int, default=512)
-    parser.add_argument("--hidden", type=int, default=256)
-    parser.add_argument("--heads", type=int, default=4)
+    parser.add_argument("--hidden", type=int, default=512)
+    parser.add_argument("--heads", type=int, default=None,
+                        help="the same head count for every family (default: each family's 370M preset head sizes)")
     parser.add_argument("--repeats", type=int, default=30)
     parser.add_argument("--no-input-grad", action="store_true",
                         help="skip the gradient of the mixer's input (before 2026-12-03 the benchmark did)")
@@ -97,7 +117,7 @@ def main() -> None:
     seq = SequenceInfo.build(x)
     if args.default_allocator or args.kept_memory_only:  # the first process to measure says what
         print(f"forward+backward{' (no input gradient)' if args.no_input_grad else ''}, B={args.batch} "
-              f"T={args.seq_len} d={args.hidden} H={args.heads}, float32, {torch.get_num_threads()} threads; ratio to "
+              f"T={args.seq_len} d={args.hidden} H={args.heads or 'preset head sizes'}, float32, {torch.get_num_threads()} threads; ratio to "
               "the same mixer with NoPE")
     if args.default_allocator:
         print("\n## glibc's default allocator (informative: which contender gets fresh pages from the OS depends on its "
