@@ -116,9 +116,10 @@ def main() -> None:
     x = torch.randn(args.batch, args.seq_len, args.hidden, requires_grad=not args.no_input_grad)
     seq = SequenceInfo.build(x)
     if args.default_allocator or args.kept_memory_only:  # the first process to measure says what
+        heads = args.heads or "each family's preset head sizes"
         print(f"forward+backward{' (no input gradient)' if args.no_input_grad else ''}, B={args.batch} "
-              f"T={args.seq_len} d={args.hidden} H={args.heads or 'preset head sizes'}, float32, {torch.get_num_threads()} threads; ratio to "
-              "the same mixer with NoPE")
+              f"T={args.seq_len} d={args.hidden} H={heads}, float32, {torch.get_num_threads()} threads; ratio to the "
+              "same mixer with NoPE")
     if args.default_allocator:
         print("\n## glibc's default allocator (informative: which contender gets fresh pages from the OS depends on its "
               "temporaries' sizes and on the call before it)")
