@@ -42,6 +42,10 @@ def preset_heads(family: str, hidden: int) -> int:
     return hidden // head_width
 
 
+def build(family: str, hidden: int, heads: int, **positional) -> torch.nn.Module:
+    return build_mixer(family, hidden_size=hidden, num_heads=heads, positional=PositionalSettings(**positional))
+
+
 def training_step(mixer: torch.nn.Module, x: torch.Tensor, seq: SequenceInfo):
     # a dense output gradient, as the residual stream hands a mixer in training (out.sum() would hand it a
     # stride-0 one, which the output projection's backward first copies out)
@@ -66,14 +70,12 @@ def measure(args: argparse.Namespace, x: torch.Tensor, seq: SequenceInfo) -> boo
         heads = args.heads or preset_heads(family, args.hidden)
         steps = {}
         for name in POSITION_ENCODINGS:
-            mixer = build_mixer(family, hidden_size=args.hidden, num_heads=heads,
-                                positional=PositionalSettings(position_encoding=name))
+            mixer = build(family, args.hidden, heads, position_encoding=name)
             steps[name] = training_step(mixer, x, seq)
             if name == "selective_rope" and mixer.positional.adds_decay:
                 # informative: the same option without the decay it adds to this decay-less mixer, which changes
                 # the kernel (softmax -> forgetting attention, delta rule -> gated delta rule)
-                mixer = build_mixer(family, hidden_size=args.hidden, num_heads=heads, positional=PositionalSettings(
-                    position_encoding="selective_rope", selective_rope_decay=False))
+                mixer = build(family, args.hidden, heads, position_encoding=name, selective_rope_decay=False)
                 steps["rotation only"] = training_step(mixer, x, seq)
         samples = time_rounds(steps, args.repeats)
         times = best(samples)
