@@ -105,7 +105,7 @@ def model_checks(tol: float, dev: str = "cuda") -> bool:
                                      intermediate_size=512, position_encoding=encoding, bos_token_id=None,
                                      eos_token_id=None)
             torch.manual_seed(0)
-            model = FAMILY_MODELS[family][2](config).to(dev)
+            model = FAMILY_MODELS[family].lm(config).to(dev)
             ids = torch.randint(0, 512, (2, 300), device=dev)  # past several chunks, not a multiple of 64
             packed = torch.randint(0, 512, (1, 300), device=dev)
             cu_seqlens = torch.tensor([0, 70, 71, 230, 300], device=dev)

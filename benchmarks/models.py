@@ -27,7 +27,7 @@ def build(family: str, args, **overrides):
     config = CONFIGS[family](vocab_size=VOCAB, hidden_size=args.hidden, num_hidden_layers=args.layers,
                              num_heads=args.heads, **overrides)
     torch.manual_seed(0)
-    return FAMILY_MODELS[family][2](config)
+    return FAMILY_MODELS[family].lm(config)
 
 
 def llama(args, intermediate_size: int):

@@ -11,7 +11,7 @@ def parameter_count(name: str, **overrides) -> int:
 
     config = preset_config(name, **overrides)
     with torch.device("meta"):
-        model = FAMILY_MODELS[config.family][2](config)
+        model = FAMILY_MODELS[config.family].lm(config)
     return sum(p.numel() for p in model.parameters())
 
 

@@ -37,7 +37,7 @@ def write_export(checkpoint: Checkpoint, folder: Path, *, repo_id: str | None = 
                  datasets: list[str] | None = None, max_shard_size: str | int = DEFAULT_SHARD_SIZE) -> list[Path]:
     """Writes the export of ``checkpoint`` into the existing empty ``folder``; returns the files, sorted."""
     bundle()  # raises what would stop the model code from being exported, before any work
-    lm_class = FAMILY_MODELS[checkpoint.family][2]
+    lm_class = FAMILY_MODELS[checkpoint.family].lm
     # dtype="auto" keeps the stored precision (a bf16 checkpoint stays bf16); loading also validates the weights.
     model = lm_class.from_pretrained(checkpoint.path, dtype="auto")
     model.save_pretrained(folder, max_shard_size=max_shard_size)  # weights, config + auto_map, code, generation

@@ -12,6 +12,7 @@ from rotarium.models.configuration import (
 )
 from rotarium.models.modeling import (
     FAMILY_MODELS,
+    FamilyClasses,
     DeltaNetForCausalLM,
     DeltaNetModel,
     FoXForCausalLM,
@@ -39,7 +40,7 @@ def register_auto_classes() -> None:
 register_auto_classes()
 
 __all__ = [
-    "CONFIGS", "FAMILY_MODELS", "DeltaNetConfig", "DeltaNetForCausalLM", "DeltaNetModel", "FoXConfig", "FoXForCausalLM",
+    "CONFIGS", "FAMILY_MODELS", "FamilyClasses", "DeltaNetConfig", "DeltaNetForCausalLM", "DeltaNetModel", "FoXConfig", "FoXForCausalLM",
     "FoXModel", "GLAConfig", "GLAForCausalLM", "GLAModel", "RotariumCache", "RotariumConfig", "RotariumForCausalLM",
     "RotariumModel", "RotariumPreTrainedModel", "TransformerConfig", "TransformerForCausalLM", "TransformerModel",
     "register_auto_classes",

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from typing import NamedTuple
 
 import torch
 from torch import nn
@@ -261,9 +262,17 @@ class TransformerForCausalLM(RotariumForCausalLM):
     config_class = TransformerConfig
 
 
-FAMILY_MODELS: dict[str, tuple[type[RotariumConfig], type[RotariumModel], type[RotariumForCausalLM]]] = {
-    "gla": (GLAConfig, GLAModel, GLAForCausalLM),
-    "fox": (FoXConfig, FoXModel, FoXForCausalLM),
-    "deltanet": (DeltaNetConfig, DeltaNetModel, DeltaNetForCausalLM),
-    "transformer": (TransformerConfig, TransformerModel, TransformerForCausalLM),
+class FamilyClasses(NamedTuple):
+    """The three classes that bind one family's config to the shared model and causal-LM head."""
+
+    config: type[RotariumConfig]
+    model: type[RotariumModel]
+    lm: type[RotariumForCausalLM]
+
+
+FAMILY_MODELS: dict[str, FamilyClasses] = {
+    "gla": FamilyClasses(GLAConfig, GLAModel, GLAForCausalLM),
+    "fox": FamilyClasses(FoXConfig, FoXModel, FoXForCausalLM),
+    "deltanet": FamilyClasses(DeltaNetConfig, DeltaNetModel, DeltaNetForCausalLM),
+    "transformer": FamilyClasses(TransformerConfig, TransformerModel, TransformerForCausalLM),
 }

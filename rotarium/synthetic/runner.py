@@ -94,7 +94,7 @@ def build_model(settings: RunSettings) -> torch.nn.Module:
         num_hidden_layers=s.num_layers, num_heads=s.num_heads, position_encoding=s.position,
         max_position_embeddings=s.train_length, pad_token_id=None, bos_token_id=None, eos_token_id=None,
         use_cache=False, **s.model_options)
-    return FAMILY_MODELS[s.family][2](config)
+    return FAMILY_MODELS[s.family].lm(config)
 
 
 def _batch(settings: RunSettings, length: int, generator: torch.Generator, train: bool):

@@ -147,7 +147,7 @@ def build_model(config: Config, tokenizer) -> torch.nn.Module:
             model_config = CONFIGS[family](**sizes, **special, **m.options)
         except TypeError as error:
             raise ValueError(f"`model.options`: {error}") from error
-    return FAMILY_MODELS[family][2](model_config)
+    return FAMILY_MODELS[family].lm(model_config)
 
 
 def prepare_tokenizer(config: Config, run_dir: Path, documents: list[str] | None, accelerator):

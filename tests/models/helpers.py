@@ -22,7 +22,7 @@ def tiny_config(family: str, position_encoding: str, **overrides):
 
 def tiny_model(family: str, position_encoding: str, **overrides):
     torch.manual_seed(0)
-    model = FAMILY_MODELS[family][2](tiny_config(family, position_encoding, **overrides))
+    model = FAMILY_MODELS[family].lm(tiny_config(family, position_encoding, **overrides))
     # Larger weights than the 0.02 initialisation, so that greedy decoding is not trivially constant.
     with torch.no_grad():
         for name, p in model.named_parameters():

@@ -26,9 +26,9 @@ def test_trainer_fine_tunes(family, tmp_path):
 
     config = CONFIGS[family](vocab_size=64, hidden_size=32, num_hidden_layers=2, num_heads=2,
                              position_encoding="selective_rope")
-    model = FAMILY_MODELS[family][2](config)
+    model = FAMILY_MODELS[family].lm(config)
     model.save_pretrained(tmp_path / "start")
-    model = FAMILY_MODELS[family][2].from_pretrained(tmp_path / "start")
+    model = FAMILY_MODELS[family].lm.from_pretrained(tmp_path / "start")
     args = TrainingArguments(output_dir=str(tmp_path / "out"), max_steps=30, per_device_train_batch_size=8,
                              learning_rate=3e-3, logging_steps=5, report_to=[], use_cpu=True, save_strategy="no",
                              disable_tqdm=True, dataloader_num_workers=0)
@@ -39,6 +39,6 @@ def test_trainer_fine_tunes(family, tmp_path):
     assert logged[-1] < logged[0] * 0.7, logged
     assert result.global_step == 30
     trainer.save_model(str(tmp_path / "tuned"))
-    tuned = rotarium.models.modeling.FAMILY_MODELS[family][2].from_pretrained(tmp_path / "tuned")
+    tuned = rotarium.models.modeling.FAMILY_MODELS[family].lm.from_pretrained(tmp_path / "tuned")
     batch = torch.stack([data[0]["input_ids"]])
     assert torch.allclose(tuned(batch).logits, model(batch).logits, atol=1e-5)
