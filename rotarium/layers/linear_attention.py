@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from rotarium.layers.conv import ShortConvolution
-from rotarium.layers.norm import RMSNorm, l2_normalize
+from rotarium.layers.norm import RMSNorm
 from rotarium.layers.positional import Encoded, HeadDims, PositionalSettings, build_positional
 from rotarium.layers.sequence import SequenceInfo
 from rotarium.ops import (
@@ -24,9 +24,8 @@ from rotarium.ops import (
     fused_recurrent_gated_delta_rule,
     fused_recurrent_gla,
 )
-
-# Continuing from a state with at most this many new tokens uses the step-wise decoding kernels.
-DECODE_MAX_TOKENS = 64
+from rotarium.ops.l2norm import l2norm
+from rotarium.ops.utils import MAX_STEPS
 
 
 def head_size(name: str, width: int, expand: float, num_heads: int) -> int:
@@ -106,7 +105,8 @@ class LinearAttentionMixer(nn.Module):
 
     @staticmethod
     def decoding(recurrent: torch.Tensor | None, seq_len: int) -> bool:
-        return recurrent is not None and seq_len <= DECODE_MAX_TOKENS
+        """Whether to continue from the state with the step-wise (``fused_recurrent_*``) kernels."""
+        return recurrent is not None and seq_len <= MAX_STEPS
 
 
 class GatedLinearAttention(LinearAttentionMixer):
@@ -120,7 +120,8 @@ class GatedLinearAttention(LinearAttentionMixer):
         self.gate_logit_normalizer = gate_logit_normalizer
         # A rotated feature pair (i, i + R/2) is one complex channel: it must decay as one, or the decay would not
         # commute with the rotation and RoPE would stop depending on relative positions only. The transition is then
-        # the complex diagonal lambda * exp(i omega) of SPEC.md 3.4. So the gate has one output per pair.
+        # the complex diagonal lambda * exp(i omega) of Selective RoPE (docs/design.md §3.4). So the gate has one
+        # output per pair.
         self.tied_pairs = self.positional.rotary_dim // 2
         self.gk_proj = nn.Sequential(nn.Linear(hidden_size, gate_low_rank_dim, bias=False),
                                      nn.Linear(gate_low_rank_dim, (self.head_k_dim - self.tied_pairs) * num_heads,
@@ -164,7 +165,8 @@ class DeltaNet(LinearAttentionMixer):
         if not self.use_gated_delta:
             return {}
         dt = torch.exp(torch.empty(self.num_heads).uniform_(math.log(1e-3), math.log(1e-1))).clamp_min(1e-4)
-        return {"A_log": torch.empty(self.num_heads).uniform_(1, 16).log(), "dt_bias": dt + torch.log(-torch.expm1(-dt))}
+        return {"A_log": torch.empty(self.num_heads).uniform_(1, 16).log(),
+                "dt_bias": dt + torch.log(-torch.expm1(-dt))}
 
     def reset_decay(self) -> None:
         with torch.no_grad():
@@ -172,7 +174,7 @@ class DeltaNet(LinearAttentionMixer):
                 getattr(self, name).copy_(value)
 
     def prepare_qk(self, q, k):
-        return l2_normalize(q), l2_normalize(k)
+        return l2norm(q), l2norm(k)
 
     def mix(self, enc, x, seq, recurrent, use_cache):
         T = x.shape[1]

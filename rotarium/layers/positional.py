@@ -4,19 +4,17 @@ Every mixer calls it the same way, after its q/k/v projections (and short convol
 before its kernel::
 
     enc = self.positional(q, k, v, x, seq, state)
-    o = kernel(enc.q, enc.k, enc.v, decay ...)       # enc.log_decay: a per-head decay, Selective RoPE on decay-less mixers
-    o = enc.restore(o)                                # RoVE rotates outputs back; identity otherwise
+    o = kernel(enc.q, enc.k, enc.v, decay ...)  # enc.log_decay: a per-head decay, Selective RoPE on decay-less mixers
+    o = enc.restore(o)                           # RoVE rotates outputs back; identity otherwise
 
-Every option is a rotation applied outside the kernel, so the same kernels serve all of them. Rotations of q and k
-act on feature pairs ``(i, i + R/2)`` of the first ``R`` features of a head (the rotate-half / GPT-NeoX pairing, as
-transformers' Llama). RoVE's value rotations act on adjacent pairs ``(2i, 2i + 1)`` (Meta's original LLaMA pairing):
-values are rotated in and back out inside the mixer, so their pairing is internal, and adjacent pairs make each
-rotation a single complex product instead of four kernels (and their backward).
+Every option is a rotation applied outside the kernel, so the same kernels serve all of them. The rotations
+themselves (q and k on pairs ``(i, i + R/2)``, RoVE's values on adjacent pairs) are kernels of
+:mod:`rotarium.ops.rotary`; this module holds the options and the math that turns positions or inputs into angles
+(docs/design.md §3).
 """
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
 from dataclasses import asdict, dataclass, fields
 from typing import ClassVar
 
@@ -24,9 +22,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from rotarium.layers.conv import ACTIVATIONS, ShortConvolution
-from rotarium.layers.norm import L2_EPS, l2_normalize_backward, l2_normalize_forward
+from rotarium.layers.conv import ShortConvolution
 from rotarium.layers.sequence import SequenceInfo
+from rotarium.ops.convolution import ACTIVATIONS
+from rotarium.ops.cumsum import segment_cumsum
+from rotarium.ops.l2norm import head_l2norm_and_linear
+from rotarium.ops.rotary import rotate_adjacent_pairs, rotate_half_pairs
 
 POSITION_ENCODINGS = ("nope", "rope", "rove", "selective_rope")
 SPECTRA = ("rope", "rfa")
@@ -39,7 +40,7 @@ class PositionalSettings:
     position_encoding: str = "nope"
     rope_theta: float = 10000.0
     partial_rotary_factor: float = 1.0
-    # Selective RoPE (SPEC.md 3.4)
+    # Selective RoPE (Movahedi et al., "Selective Rotary Position Embedding", ICLR 2026; docs/design.md §3.4)
     selective_rope_rank: int | None = 32  # None: a per-head weight-normalised full-rank angle projection
     selective_rope_conv_size: int = 4
     selective_rope_activation: str | None = "silu"
@@ -74,11 +75,16 @@ class PositionalSettings:
             raise ValueError(
                 f"`selective_rope_activation` must be one of {ACTIVATIONS}, got {self.selective_rope_activation!r}")
         if self.selective_rope_spectrum not in SPECTRA:
-            raise ValueError(f"`selective_rope_spectrum` must be one of {SPECTRA}, got {self.selective_rope_spectrum!r}")
+            raise ValueError(
+                f"`selective_rope_spectrum` must be one of {SPECTRA}, got {self.selective_rope_spectrum!r}")
         if self.selective_rope_conv_size < 1:
             raise ValueError(f"`selective_rope_conv_size` must be >= 1, got {self.selective_rope_conv_size}")
-        if self.selective_rope_temperature_base <= 1 or self.selective_rope_tau_max <= 0:
-            raise ValueError("`selective_rope_temperature_base` must be > 1 and `selective_rope_tau_max` > 0")
+        # base 1 is the uniform spectrum (every pair turns at tau_max), which the paper's state-tracking runs use
+        if self.selective_rope_temperature_base <= 0:
+            raise ValueError(f"`selective_rope_temperature_base` must be > 0 (1.0: every pair at frequency tau_max), "
+                             f"got {self.selective_rope_temperature_base}")
+        if self.selective_rope_tau_max <= 0:
+            raise ValueError(f"`selective_rope_tau_max` must be > 0, got {self.selective_rope_tau_max}")
 
 
 @dataclass
@@ -115,106 +121,6 @@ class Encoded:
         return rotate_adjacent_pairs(o, self.value_rotation.conj())
 
 
-def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, inverse: bool = False,
-            heads_major: bool = False) -> torch.Tensor:
-    """Rotation of the pairs ``(i, i + R/2)``, ``R = 2 * cos.shape[-1]``, by the angle (minus it with ``inverse``).
-
-    Computed in cos's dtype, returned in x's, laid out ``[B, H, T, D]`` in memory with ``heads_major`` (see
-    HeadDims). Each half is written in place into one output buffer: on CPU a fresh tensor of a few MB costs more in
-    page faults than its arithmetic, so the rotation allocates nothing else.
-    """
-    half = cos.shape[-1]
-    if heads_major:
-        B, T, H, D = x.shape
-        out = torch.empty(B, H, T, D, dtype=cos.dtype, device=x.device).transpose(1, 2)
-    else:
-        out = torch.empty(x.shape, dtype=cos.dtype, device=x.device)
-    x1, x2, out1, out2 = x[..., :half], x[..., half:2 * half], out[..., :half], out[..., half:2 * half]
-    sign = 1.0 if inverse else -1.0
-    torch.mul(x1, cos, out=out1).addcmul_(x2, sin, value=sign)
-    torch.mul(x2, cos, out=out2).addcmul_(x1, sin, value=-sign)
-    if x.shape[-1] > 2 * half:  # partial rotary: the rest passes through
-        out[..., 2 * half:] = x[..., 2 * half:]
-    return out.to(x.dtype)
-
-
-def _per_head(cos: torch.Tensor, sin: torch.Tensor, xs: Sequence[torch.Tensor | None],
-              heads_major: bool) -> dict[int, tuple[torch.Tensor, torch.Tensor]]:
-    """(cos, sin) for each head count among xs, laid out per head when they broadcast over the heads (RoPE's angles
-    do) and the rotation is written token-major: a stride-0 head dim between time and features cuts PyTorch's CPU
-    loops to R/2 elements, and the rotation ran 1.7x slower than on per-head copies (which cost a sixth of one
-    rotation, made once for q and k alike). Head-major outputs loop over time innermost and gain nothing."""
-    layouts = {}
-    for heads in {x.shape[2] for x in xs if x is not None}:
-        if heads_major or cos.shape[2] != 1 or heads == 1:
-            layouts[heads] = (cos, sin)
-        else:
-            shape = (*cos.shape[:2], heads, cos.shape[3])
-            layouts[heads] = (cos.expand(shape).contiguous(), sin.expand(shape).contiguous())
-    return layouts
-
-
-class _RotateHalf(torch.autograd.Function):
-    """Forward and backward by hand, for tensors sharing one set of angles (q and k): cos and sin are computed once,
-    the backward of a rotation is the rotation by minus the angle, and the angle's gradient comes from the outputs,
-    ``d(out1, out2)/d angle = (-out2, out1)``, accumulated in place. Autograd's graph of the same computation takes
-    three times as many passes over q and k."""
-
-    @staticmethod
-    def forward(ctx, angles: torch.Tensor, heads_major: bool, *xs: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        compute = torch.promote_types(xs[0].dtype, torch.float32)  # bf16 would lose the angle's precision
-        cos, sin = angles.cos().to(compute), angles.sin().to(compute)
-        layouts = _per_head(cos, sin, xs, heads_major)
-        outs = tuple(_rotate(x, *layouts[x.shape[2]], heads_major=heads_major) for x in xs)
-        ctx.angles_shape = angles.shape
-        ctx.save_for_backward(cos, sin, *(outs if ctx.needs_input_grad[0] else ()))
-        return outs
-
-    @staticmethod
-    @torch.autograd.function.once_differentiable
-    def backward(ctx, *grads: torch.Tensor | None) -> tuple[torch.Tensor | None, ...]:
-        cos, sin, *outs = ctx.saved_tensors
-        # token-major: the gradients go on to the projections' matmuls, which read [B * T, H * D]
-        layouts = _per_head(cos, sin, grads, heads_major=False)
-        grad_xs = [None if g is None or not needed else _rotate(g, *layouts[g.shape[2]], inverse=True)
-                   for g, needed in zip(grads, ctx.needs_input_grad[2:])]
-        grad_angles = None
-        if ctx.needs_input_grad[0]:
-            half = sin.shape[-1]
-            for g, out in zip(grads, outs):
-                if g is None:
-                    continue
-                g1, g2 = g[..., :half].to(sin.dtype), g[..., half:2 * half].to(sin.dtype)
-                out1, out2 = out[..., :half].to(sin.dtype), out[..., half:2 * half].to(sin.dtype)
-                if grad_angles is None or grad_angles.shape != g1.shape:
-                    term = torch.mul(g2, out1).addcmul_(g1, out2, value=-1.0).sum_to_size(ctx.angles_shape)
-                    grad_angles = term if grad_angles is None else grad_angles.add_(term)
-                else:  # same shape as the first: accumulate in place
-                    grad_angles.addcmul_(g2, out1).addcmul_(g1, out2, value=-1.0)
-        return grad_angles, None, *grad_xs
-
-
-def rotate_half_pairs(angles: torch.Tensor, *xs: torch.Tensor, heads_major: bool = False) -> tuple[torch.Tensor, ...]:
-    """Rotates pairs ``(i, i + R/2)`` of the first ``R = 2 * angles.shape[-1]`` features of each x by ``angles``.
-
-    xs: ``[B, T, H, D]`` each (q and k: the heads may differ when angles broadcast over them); angles:
-    ``[B, T, H or 1, R/2]`` float32 (differentiable: Selective RoPE learns them). Computed in at least float32,
-    returned in each x's dtype, in ``[B, H, T, D]`` memory with ``heads_major`` (see HeadDims); features past ``R``
-    pass through untouched.
-    """
-    return _RotateHalf.apply(angles, heads_major, *xs)
-
-
-def rotate_adjacent_pairs(x: torch.Tensor, rotation: torch.Tensor) -> torch.Tensor:
-    """Rotates feature pairs ``(2i, 2i + 1)`` of x ``[B, T, H, D]`` by unit complex numbers ``[B, T, H or 1, D/2]``.
-
-    Computed in at least float32 (complex64), returned in x's dtype.
-    """
-    xf = x.to(torch.promote_types(x.dtype, torch.float32)).contiguous()
-    rotated = torch.view_as_complex(xf.unflatten(-1, (-1, 2))) * rotation
-    return torch.view_as_real(rotated).flatten(-2).to(x.dtype)
-
-
 def rope_frequencies(dim: int, base: float) -> torch.Tensor:
     """``base^(-2i/dim)`` for i in [0, dim/2)."""
     return base ** (-torch.arange(0, dim, 2, dtype=torch.float64) / dim)
@@ -234,7 +140,8 @@ class PositionalEncoding(nn.Module):
         super().__init__()
         self.settings, self.dims = settings, dims
         if dims.num_heads % dims.num_kv_heads:
-            raise ValueError(f"`num_heads` ({dims.num_heads}) must be a multiple of `num_kv_heads` ({dims.num_kv_heads})")
+            raise ValueError(
+                f"`num_heads` ({dims.num_heads}) must be a multiple of `num_kv_heads` ({dims.num_kv_heads})")
 
     @property
     def adds_decay(self) -> bool:
@@ -324,67 +231,14 @@ class RoVE(RoPE):
         positions, new_state = self.positions(seq, state)
         qk_angles = positions * self.frequencies(self._rotary_dim, q.device)
         v_angles = positions * self.frequencies(self.dims.head_v_dim, q.device)
-        v_rotation = torch.complex(v_angles.cos(), v_angles.sin())  # torch.polar runs 1.4x slower on CPU
+        v_rotation = torch.complex(v_angles.cos(), v_angles.sin())  # torch.polar's CPU kernel is slower
         q, k = rotate_half_pairs(qk_angles, q, k, heads_major=self.dims.heads_major)
         return Encoded(q, k, rotate_adjacent_pairs(v, v_rotation), None, new_state, value_rotation=v_rotation)
 
 
-class _HeadNormAndDecay(torch.autograd.Function):
-    """Selective RoPE's reads of the layer input x ``[B, T, d]``: its chunks per key head, L2-normalised
-    (``xh [B, T, H_kv, d / H_kv]``, the angles' input), and, where the layer adds a decay (``weight`` not None), the
-    decay's logits ``x W^T + b`` ``[B, T, H]`` (None otherwise).
-
-    One backward for both: the decay's rank-H share of x's gradient is added in place to the normalisation's, where
-    autograd allocates each share and then their sum; on CPU fresh MB-sized tensors cost more in page faults than
-    their arithmetic (the positional layer with the decay measured 0.90-0.93x of its time).
-    """
-
-    @staticmethod
-    def forward(ctx, x: torch.Tensor, heads: int, weight: torch.Tensor | None, bias: torch.Tensor | None):
-        B, T, d = x.shape
-        y, inverse_norm, clamped = l2_normalize_forward(x.reshape(B, T, heads, d // heads), L2_EPS)
-        ctx.save_for_backward(x, weight, y, inverse_norm, clamped)
-        ctx.has_bias = bias is not None
-        return y.to(x.dtype), None if weight is None else F.linear(x, weight, bias)
-
-    @staticmethod
-    @torch.autograd.function.once_differentiable
-    def backward(ctx, grad_xh: torch.Tensor | None, grad_logits: torch.Tensor | None):
-        x, weight, y, inverse_norm, clamped = ctx.saved_tensors
-        B, T, d = x.shape
-        grad_x = grad_weight = grad_bias = None
-        if ctx.needs_input_grad[0]:
-            # contiguous either way (as l2_normalize_backward's result), so that it views as [B * T, d]
-            grad_x = (l2_normalize_backward(grad_xh, y, inverse_norm, clamped) if grad_xh is not None
-                      else y.new_zeros(y.shape)).view(B * T, d)
-        if grad_logits is not None:
-            grad_logits = grad_logits.reshape(B * T, -1).to(y.dtype)
-            if grad_x is not None:
-                grad_x.addmm_(grad_logits, weight.to(y.dtype))
-            if ctx.needs_input_grad[2]:
-                grad_weight = (grad_logits.t() @ x.reshape(B * T, d).to(y.dtype)).to(weight.dtype)
-            if ctx.has_bias and ctx.needs_input_grad[3]:
-                grad_bias = grad_logits.sum(0).to(weight.dtype)
-        return None if grad_x is None else grad_x.view(B, T, d).to(x.dtype), None, grad_weight, grad_bias
-
-
-def segment_cumsum(x: torch.Tensor, seq: SequenceInfo) -> torch.Tensor:
-    """Cumulative sum over time (dim 1) that restarts at every packed document boundary."""
-    if seq.cu_seqlens is None:
-        return x.cumsum(1)
-    # float64 so that subtracting the running total at a document start loses nothing over long packed batches
-    total = x.double().cumsum(1)
-    starts = seq.cu_seqlens[:-1].long()
-    before_start = torch.where(starts > 0, starts - 1, 0)
-    offsets = torch.where((starts > 0).view(-1, *([1] * (x.ndim - 2))), total[0, before_start],
-                          torch.zeros_like(total[0, before_start]))
-    lengths = seq.cu_seqlens[1:].long() - starts
-    per_token = torch.repeat_interleave(offsets, lengths, dim=0, output_size=x.shape[1])
-    return (total - per_token.unsqueeze(0)).to(x.dtype)
-
-
 class SelectiveRoPE(PositionalEncoding):
-    """Input-dependent rotation angles accumulated over time (SPEC.md 3.4).
+    """Input-dependent rotation angles accumulated over time: Movahedi et al., "Selective Rotary Position Embedding"
+    (ICLR 2026); docs/design.md §3.4.
 
     The transition of the recurrence becomes ``lambda_t exp(i omega_t)``: rotating q and k by the cumulative angle
     reproduces it in the real domain, since ``R(theta_t)^T R(theta_s) = R(theta_s - theta_t)``. Angles are computed
@@ -475,7 +329,8 @@ class SelectiveRoPE(PositionalEncoding):
         ``[B, T, H]`` float32 (None where it adds none), both zero on padding, and the new convolution window."""
         B, T, _ = x.shape
         decay = (self.decay_proj.weight, self.decay_proj.bias) if self._adds_decay else (None, None)
-        xh, decay_logits = _HeadNormAndDecay.apply(x, self.heads, *decay)
+        # one read of x for the angles' input and the decay's logits, with one backward
+        xh, decay_logits = head_l2norm_and_linear(x, self.heads, *decay)
         log_decay = None if decay_logits is None else seq.zero_padding(F.logsigmoid(decay_logits.float()))
         if self.settings.selective_rope_rank is not None:
             phi = self.phi_up(self.phi_down(xh.reshape(B, T, -1)))
@@ -494,7 +349,7 @@ class SelectiveRoPE(PositionalEncoding):
     def forward(self, q, k, v, x, seq, state):
         state = state or {}
         omega, log_decay, conv_state = self.angle_rates(x, seq, state.get("conv"))
-        theta = segment_cumsum(omega, seq)
+        theta = segment_cumsum(omega, seq.cu_seqlens)
         if state.get("theta") is not None:
             theta = theta + state["theta"][:, None]
         angles = theta * self.tau.float()

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import torch
 
-from rotarium.ops.utils import check_cu_seqlens
+from rotarium.ops.utils import check_cu_seqlens, document_offsets
 
 
 @dataclass
@@ -45,8 +45,8 @@ class SequenceInfo:
         if attention_mask is not None:
             if attention_mask.ndim != 2 or attention_mask.shape[0] != B or attention_mask.shape[1] < T:
                 raise ValueError(
-                    f"`attention_mask` must have shape [batch, past + seq_len] = [{B}, >= {T}] (1 = token, 0 = padding), "
-                    f"got {tuple(attention_mask.shape)}"
+                    f"`attention_mask` must have shape [batch, past + seq_len] = [{B}, >= {T}] "
+                    f"(1 = token, 0 = padding), got {tuple(attention_mask.shape)}"
                 )
             mask = attention_mask[:, -T:].to(device=device, dtype=torch.bool)
             if bool(mask.all()):
@@ -64,10 +64,7 @@ class SequenceInfo:
     def document_offsets(self) -> torch.Tensor:
         """``[1, T]``: each packed token's index inside its own document (requires ``cu_seqlens``)."""
         assert self.cu_seqlens is not None
-        cu = self.cu_seqlens.long()
-        lengths = cu[1:] - cu[:-1]
-        starts = torch.repeat_interleave(cu[:-1], lengths, output_size=self.seq_len)
-        return (torch.arange(self.seq_len, device=cu.device) - starts).unsqueeze(0)
+        return document_offsets(self.cu_seqlens, self.seq_len)
 
     def token_positions(self, offset: torch.Tensor | None) -> torch.Tensor:
         """``[B, T]`` long: the true position of every token.

@@ -1,9 +1,15 @@
-"""Chunked linear-attention and softmax-attention kernels with fla's signatures.
+"""Every kernel and autograd Function of rotarium, with fla's names and its ``[B, T, H, D]`` layout.
 
-Every op takes ``[B, T, H, D]`` tensors and runs fla's Triton kernel on CUDA when
-fla works there, rotarium's chunkwise PyTorch implementation everywhere else
-(see :mod:`rotarium.ops.backend` for forcing either one). Each op folder holds
-a step-by-step ``naive`` reference beside the kernel.
+- ``gla``, ``delta_rule``, ``forgetting_attn``: the token mixers' ops (exported here). Each runs fla's Triton kernel
+  on CUDA when fla works there and rotarium's chunkwise PyTorch implementation everywhere else (see
+  :mod:`rotarium.ops.backend` for forcing either one), and each folder holds a step-by-step ``naive`` reference.
+- ``rotary``, ``cumsum``, ``l2norm``, ``rms_norm``, ``convolution``: the smaller kernels of the layers (positional
+  rotations, sums restarting at packed sequences, normalisations, the short convolution).
+- ``utils``: validation at the op boundary, packing, chunk layouts.
+
+Allocation: on CPU a large fresh tensor costs a page fault per page on its first write, often more than the
+arithmetic that fills it. So the PyTorch kernels write into buffers they already hold, in place where autograd would
+allocate, and lay long inputs out block by block; benchmarks/ops.py and benchmarks/layers.py time them.
 """
 from rotarium.ops.backend import fla_available
 from rotarium.ops.delta_rule import (

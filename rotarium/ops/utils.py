@@ -1,4 +1,4 @@
-"""Input validation and packing helpers shared by every op.
+"""Input validation, packing and chunk layouts shared by every op.
 
 Validation happens here, at the op boundary, so that a wrong shape or a bad
 ``cu_seqlens`` fails with a message naming the argument instead of an opaque
@@ -7,6 +7,7 @@ broadcasting error deep inside a kernel.
 from __future__ import annotations
 
 import functools
+import itertools
 import os
 from collections.abc import Callable, Iterator, Sequence
 
@@ -15,6 +16,11 @@ import torch
 # Value checks (positive log decays, cu_seqlens contents) read tensor values,
 # which costs a host-device synchronisation on CUDA. Shape checks are free.
 VALUE_CHECKS = os.environ.get("ROTARIUM_OPS_VALUE_CHECKS", "1") != "0"
+
+# The most tokens the recurrent (``fused_recurrent_*``) ops' PyTorch path steps through one at a time, and the most a
+# mixer continuing from a state hands to those ops: past one chunk, the chunked kernels compute the same recurrence
+# faster than a Python loop over time.
+MAX_STEPS = 64
 
 
 def float32_internals(fn: Callable) -> Callable:
@@ -45,7 +51,8 @@ def _autocast_enabled(device_type: str) -> bool:
 
 def check_tensor(name: str, x: torch.Tensor, ndim: int, layout: str) -> None:
     if not isinstance(x, torch.Tensor):
-        raise ValueError(f"`{name}` must be a torch.Tensor of shape {layout}, got {type(x).__name__}")
+        # a ValueError like every input error of an op, so that callers catch one type
+        raise ValueError(f"`{name}` must be a torch.Tensor of shape {layout}, got {type(x).__name__}")  # noqa: TRY004
     if x.ndim != ndim:
         raise ValueError(f"`{name}` must have shape {layout} ({ndim} dims), got shape {tuple(x.shape)}")
     if not x.is_floating_point():
@@ -105,7 +112,7 @@ def check_cu_seqlens(cu_seqlens: torch.Tensor | None, batch_size: int, seq_len: 
     values = cu_seqlens.tolist()
     if values[0] != 0:
         raise ValueError(f"`cu_seqlens` must start at 0, got {values[0]}")
-    if any(b < a for a, b in zip(values, values[1:])):
+    if any(b < a for a, b in itertools.pairwise(values)):
         raise ValueError(f"`cu_seqlens` must be non-decreasing, got {values}")
     if values[-1] != seq_len:
         raise ValueError(f"`cu_seqlens` must end at the packed length T={seq_len}, got {values[-1]}")
@@ -121,6 +128,13 @@ def check_initial_state(
     check_tensor("initial_state", initial_state, 4, layout)
     check_dims("initial_state", initial_state, (num_states, num_heads, key_dim, value_dim), layout)
     check_same_device("q", torch.empty(0, device=device), initial_state=initial_state)
+
+
+def document_offsets(cu_seqlens: torch.Tensor, seq_len: int) -> torch.Tensor:
+    """``[1, T]`` int64: each packed token's index inside its own sequence, from ``cu_seqlens`` ``[N + 1]``."""
+    cu = cu_seqlens.long()
+    starts = torch.repeat_interleave(cu[:-1], cu[1:] - cu[:-1], output_size=seq_len)
+    return (torch.arange(seq_len, device=cu.device) - starts).unsqueeze(0)
 
 
 class Packing:
@@ -178,9 +192,9 @@ def pad_time(x: torch.Tensor, multiple: int) -> torch.Tensor:
     return torch.cat([x, x.new_zeros(x.shape[0], pad, *x.shape[2:])], dim=1)
 
 
-# Chunk-heads per block of the chunked PyTorch kernels: a block's state-free work stays in cache until
-# its part of the scan consumes it, which keeps the time linear in T (one pass over a [B, H, n, C, D]
-# tensor at T = 16384 falls out of a 32 MiB L3 and runs at memory speed).
+# Chunk-heads per block of the chunked PyTorch kernels: a block's state-free work stays in cache until its part of
+# the scan consumes it, where a pass over whole long inputs would run at memory speed; this keeps the time linear in
+# T, which benchmarks/ops.py checks.
 BLOCK_CHUNK_HEADS = 128
 
 
@@ -198,9 +212,9 @@ def time_blocks(chunk: int, *xs: torch.Tensor | None) -> Iterator[tuple[torch.Te
     in the chunk-major layout of :func:`to_chunks`. None entries stay None in every block.
 
     Lazily: each block is laid out just before the caller uses it, so the copy is still in cache when the block's
-    matmuls read it, and no full-size chunk-major copy of an input (nor of its gradient) is ever made: at
-    T = 16384 those copies, fresh 16 MB tensors each, page-faulted more than the kernel computed. ``split``, not
-    slicing: autograd joins the blocks' gradients with one cat instead of a zero-filled full-size gradient per block.
+    matmuls read it, and no full-size chunk-major copy of an input (nor of its gradient) is ever made (see
+    :mod:`rotarium.ops` on allocation). ``split``, not slicing: autograd joins the blocks' gradients with one cat
+    instead of a zero-filled full-size gradient per block.
     """
     ref = next(x for x in xs if x is not None)
     B, T, H = ref.shape[:3]

@@ -11,8 +11,8 @@ HIDDEN, HEADS = 32, 4
 
 
 def make_mixer(family: str, position_encoding: str, **overrides) -> torch.nn.Module:
-    settings = PositionalSettings(position_encoding=position_encoding,
-                                  **{k: overrides.pop(k) for k in list(overrides) if k.startswith(("selective", "rope", "partial"))})
+    positional = {k: overrides.pop(k) for k in list(overrides) if k.startswith(("selective", "rope", "partial"))}
+    settings = PositionalSettings(position_encoding=position_encoding, **positional)
     kwargs = {"hidden_size": HIDDEN, "num_heads": HEADS, "positional": settings}
     if family == "transformer":
         kwargs["num_kv_heads"] = 2  # grouped-query attention on purpose

@@ -56,7 +56,8 @@ def test_left_padding_equals_unpadded_and_decodes_on(family, pe):
     assert (out[1, 6:] - run(mixer, b)[0][0]).abs().max() <= 1e-5
     # decoding continues each row from its own true position
     nxt = torch.randn(2, 1, HIDDEN)
-    step, _ = run(mixer, nxt, state, use_cache=True, attention_mask=torch.cat([mask, torch.ones(2, 1, dtype=torch.long)], 1))
+    step_mask = torch.cat([mask, torch.ones(2, 1, dtype=torch.long)], 1)
+    step, _ = run(mixer, nxt, state, use_cache=True, attention_mask=step_mask)
     assert (step[1] - run(mixer, torch.cat([b, nxt[1:]], 1))[0][0, -1:]).abs().max() <= 1e-5
 
 

@@ -6,10 +6,9 @@ import torch
 import torch.nn.functional as F
 
 from rotarium.layers import HeadDims, PositionalSettings, SequenceInfo, build_mixer, build_positional
-from rotarium.layers.norm import l2_normalize
-from rotarium.layers.positional import _HeadNormAndDecay, rotate_half_pairs
 from rotarium.ops import chunk_gla
 from tests.layers.helpers import FAMILIES, HIDDEN, make_mixer, run
+from tests.ops.test_rotary import rotation_matrix
 
 T = 24
 
@@ -31,16 +30,6 @@ def test_rove_differs_from_rope_on_the_same_weights(family):
     rove.load_state_dict(rope.state_dict())
     x = torch.randn(1, T, HIDDEN)
     assert (run(rope, x)[0] - run(rove, x)[0]).abs().max() > 1e-3
-
-
-def rotation_matrix(angles: torch.Tensor) -> torch.Tensor:
-    """[P] angles -> [2P, 2P] block rotation acting on pairs (i, i + P)."""
-    P = angles.numel()
-    R = torch.zeros(2 * P, 2 * P, dtype=torch.float64)
-    idx = torch.arange(P)
-    R[idx, idx], R[idx, idx + P] = angles.cos(), -angles.sin()
-    R[idx + P, idx], R[idx + P, idx + P] = angles.sin(), angles.cos()
-    return R
 
 
 def adjacent_rotation_matrix(angles: torch.Tensor) -> torch.Tensor:
@@ -188,10 +177,20 @@ def test_rope_rotation_matches_the_definition():
     (lambda: make_mixer("transformer", "nope", num_heads=4, num_kv_heads=3), "num_kv_heads"),
     (lambda: make_mixer("deltanet", "nope", expand_k=0.3), "expand_k"),
     (lambda: build_mixer("mamba", hidden_size=32), "family"),
+    (lambda: make_mixer("gla", "selective_rope", selective_rope_temperature_base=0.0), "temperature_base"),
+    (lambda: make_mixer("gla", "selective_rope", selective_rope_tau_max=-1.0), "tau_max"),
 ])
 def test_invalid_settings_raise_a_clear_value_error(make, match):
     with pytest.raises(ValueError, match=match):
         make()
+
+
+def test_temperature_base_one_turns_every_pair_at_tau_max():
+    """The Selective RoPE reference's state-tracking setting: base 1.0, a uniform spectrum."""
+    settings = PositionalSettings(position_encoding="selective_rope", selective_rope_temperature_base=1.0,
+                                  selective_rope_tau_max=0.5)
+    enc = build_positional(settings, HeadDims(HIDDEN, 2, 2, 8, 8, True))
+    assert torch.allclose(enc.tau.float(), torch.full_like(enc.tau.float(), 0.5))
 
 
 def test_rfa_spectrum_is_deterministic_and_saved():
@@ -200,51 +199,3 @@ def test_rfa_spectrum_is_deterministic_and_saved():
     b = build_positional(PositionalSettings(position_encoding="selective_rope", selective_rope_spectrum="rfa"), dims)
     assert torch.equal(a.tau, b.tau) and "tau" in a.state_dict()
     assert not a.tau.requires_grad and math.isclose(a.tau.max().item(), a.tau[0].item())
-
-
-@pytest.mark.parametrize("heads_major", [False, True])
-@pytest.mark.parametrize(("heads", "rotary_pairs"), [(1, 4), (3, 4), (3, 2)])  # broadcast over heads; partial rotary
-def test_rotation_gradients(heads, rotary_pairs, heads_major):
-    """The hand-written backward of the q/k rotation against finite differences, the angles' gradient included."""
-    q = torch.randn(2, 5, 3, 8, dtype=torch.float64, requires_grad=True)
-    k = torch.randn(2, 5, 1 if heads == 1 else 3, 8, dtype=torch.float64, requires_grad=True)
-    angles = torch.randn(2, 5, heads, rotary_pairs, dtype=torch.float64, requires_grad=True)
-
-    def rotate(a, q, k):
-        return rotate_half_pairs(a, q, k, heads_major=heads_major)
-
-    assert torch.autograd.gradcheck(rotate, (angles, q, k))
-    assert torch.autograd.gradcheck(lambda a, q, k: rotate(a, q, k)[0], (angles, q, k))  # k's unused
-    rotated_q, _ = rotate(angles, q, k)
-    assert rotated_q.transpose(1, 2).is_contiguous() == heads_major
-    torch.testing.assert_close(rotated_q, rotate_half_pairs(angles, q, k)[0], rtol=0, atol=0)
-
-
-def test_head_norm_and_decay_matches_its_definition_with_gradients():
-    """Selective RoPE's fused read of the layer input: per-head L2 normalisation and the decay logits, with every
-    gradient, against finite differences."""
-    x = torch.randn(2, 5, 12, dtype=torch.float64, requires_grad=True)
-    weight = torch.randn(3, 12, dtype=torch.float64, requires_grad=True)
-    bias = torch.randn(3, dtype=torch.float64, requires_grad=True)
-    assert torch.autograd.gradcheck(lambda *a: _HeadNormAndDecay.apply(a[0], 3, *a[1:]), (x, weight, bias))
-    assert torch.autograd.gradcheck(lambda *a: _HeadNormAndDecay.apply(a[0], 3, *a[1:])[1], (x, weight, bias))
-    xh, logits = _HeadNormAndDecay.apply(x, 3, weight, bias)
-    torch.testing.assert_close(xh, l2_normalize(x.view(2, 5, 3, 4)), rtol=0, atol=0)
-    torch.testing.assert_close(logits, F.linear(x, weight, bias), rtol=0, atol=0)
-    # only the parameters: no gradient is formed for x
-    leaf = x.detach()
-    _HeadNormAndDecay.apply(leaf, 3, weight, bias)[1].sum().backward()
-    assert leaf.grad is None and weight.grad is not None
-    half = [t.detach().bfloat16().requires_grad_() for t in (x, weight, bias)]
-    xh, logits = _HeadNormAndDecay.apply(half[0], 3, *half[1:])
-    (xh.float().sum() + logits.float().sum()).backward()
-    assert xh.dtype == logits.dtype == torch.bfloat16 and all(t.grad.dtype == torch.bfloat16 for t in half)
-
-
-def test_rotation_matches_the_rotation_matrix():
-    x = torch.randn(5, 8, dtype=torch.float64)
-    angles = torch.randn(5, 4, dtype=torch.float64)
-    expected = torch.stack([rotation_matrix(a) @ row for a, row in zip(angles, x)])
-    (rotated,) = rotate_half_pairs(angles[None, :, None], x[None, :, None])
-    rotated = rotated[0, :, 0]
-    torch.testing.assert_close(rotated, expected)

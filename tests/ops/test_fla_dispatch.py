@@ -8,6 +8,7 @@ by ``benchmarks/gpu_check.py``.
 """
 import importlib
 import inspect
+import warnings
 
 import pytest
 import torch
@@ -87,3 +88,25 @@ def test_op_calls_the_installed_fla_kernel_with_its_own_signature(name, monkeypa
     if "initial_state" in calls[0]:  # fla keeps states in float32, [N, H, K, V]
         assert calls[0]["initial_state"].dtype == torch.float32
         assert calls[0]["initial_state"].shape == (B, H, K, V)
+
+
+@pytest.mark.parametrize(("backend", "requires_grad", "grad_enabled", "to_torch"), [
+    ("auto", True, True, True),    # training where fla would refuse the backward: our kernel instead
+    ("auto", False, True, False),  # inference keeps fla's forward, which fla runs correctly
+    ("auto", True, False, False),
+    ("fla", True, True, False),    # forced: fla's own error reaches the user
+])
+def test_gated_delta_rule_avoids_a_backward_fla_refuses(backend, requires_grad, grad_enabled, to_torch,
+                                                        monkeypatch):
+    chunk = importlib.import_module("rotarium.ops.delta_rule.chunk")
+    monkeypatch.setattr(chunk, "use_fla", lambda backend, x: True)
+    monkeypatch.setattr(chunk, "fla_gated_backward_refused", lambda: True)
+    fla_module = importlib.import_module("fla.ops.gated_delta_rule")
+    monkeypatch.setattr(fla_module, "chunk_gated_delta_rule", lambda **kwargs: ("fla", None))
+    x = inputs(torch.bfloat16)
+    x["q"].requires_grad_(requires_grad)
+    with torch.set_grad_enabled(grad_enabled), warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        o, _ = ops.chunk_gated_delta_rule(x["q"], x["k"], x["v"], x["g_head"], x["beta"], backend=backend)
+    assert isinstance(o, torch.Tensor) is to_torch
+    assert any("Triton" in str(w.message) for w in caught) is to_torch

@@ -13,6 +13,7 @@ from rotarium.ops.forgetting_attn import (
     parallel_forgetting_attn,
 )
 from rotarium.ops.forgetting_attn import parallel as parallel_mod
+from tests.asserts import assert_close
 
 
 def make_inputs(B, T, HQ, H, K=16, V=32, gate=True, dtype=torch.float32, g_low=None):
@@ -38,10 +39,6 @@ def fla_oracle(q, k, v, g, scale=None):
 def grads(o, inputs, do):
     inputs = [x for x in inputs if x is not None]
     return torch.autograd.grad(o, inputs, do)
-
-
-def assert_close(actual, expected, atol, rtol=1e-4):
-    torch.testing.assert_close(actual.float(), expected.float(), atol=atol, rtol=rtol)
 
 
 @pytest.fixture(autouse=True)

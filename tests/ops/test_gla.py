@@ -5,7 +5,8 @@ import torch.nn.functional as F
 
 import rotarium.ops.utils as ops_utils
 from rotarium.ops.gla import chunk_gla, fused_recurrent_gla, naive_recurrent_gla
-from rotarium.ops.gla.chunk import BOUND, CHUNK
+from rotarium.ops.gla.chunk import BOUND, CHUNK_SIZE
+from tests.asserts import assert_close
 
 fla_naive = pytest.importorskip("fla.ops.gla.naive").naive_recurrent_gla
 
@@ -31,10 +32,6 @@ def grads(o, ht, inputs, seed=1):
 
 def leaves(*xs):
     return [None if x is None else x.detach().clone().requires_grad_() for x in xs]
-
-
-def assert_close(a, b, atol, rtol=1e-4):
-    torch.testing.assert_close(a.float(), b.float(), atol=atol, rtol=rtol)
 
 
 def run_chunk(q, k, v, g, h0, final, **kw):
@@ -219,7 +216,8 @@ def test_several_blocks_of_chunks(regime, monkeypatch):
     monkeypatch.setattr(ops_utils, "BLOCK_CHUNK_HEADS", 8)  # B*H = 4: blocks of 2 chunks
     x = make_inputs(T=300, gate_scale=GATE_SCALES["mild"] if regime == "usual" else 1.0)  # 5 chunks: blocks of 2, 2, 1
     if regime == "by_chunk":  # blocks differ in whether their exponents need the floor
-        x["g"] = torch.where((torch.arange(300) // 128 % 2 == 0)[:, None, None], -20.0, -0.05 * torch.rand(x["g"].shape))
+        strong = (torch.arange(300) // 128 % 2 == 0)[:, None, None]
+        x["g"] = torch.where(strong, -20.0, -0.05 * torch.rand(x["g"].shape))
     for oracle in ORACLES.values():
         check_against(run_chunk, oracle, x, torch.randn(2, 2, 16, 32), True, atol=2e-4)
 
@@ -228,7 +226,7 @@ def test_several_blocks_of_chunks(regime, monkeypatch):
 def test_chunk_decay_just_inside_and_past_the_chunk_end_bound(span):
     """A chunk decaying by just under e^-BOUND has queries scaled by up to e^BOUND; just over, the other path."""
     x = make_inputs(T=130)
-    x["g"] = torch.full(x["g"].shape, -span * BOUND / CHUNK)
+    x["g"] = torch.full(x["g"].shape, -span * BOUND / CHUNK_SIZE)
     for oracle in ORACLES.values():
         check_against(run_chunk, oracle, x, torch.randn(2, 2, 16, 32), True, atol=2e-4)
 

@@ -1,6 +1,8 @@
 """Chunked (gated) delta rule: fla's Triton kernels on CUDA, a chunkwise PyTorch implementation elsewhere.
 
-Recurrence (SPEC 2.3), per head, with log decay g_t <= 0 (g = 0 for the plain delta rule):
+Recurrence per head, with log decay g_t <= 0 (g = 0 for the plain delta rule), as in Yang et al., "Parallelizing Linear
+Transformers with the Delta Rule over Sequence Length" (2024) and "Gated Delta Networks: Improving Mamba2 with Delta
+Rule" (2025); see docs/design.md §2.3:
 ``S_t = exp(g_t) (I - beta_t k_t k_t^T) S_{t-1} + beta_t k_t v_t^T``, ``o_t = scale * S_t^T q_t``.
 
 Chunkwise form (chunk C = 64, gamma = within-chunk cumulative sum of g, S the state entering the chunk).
@@ -19,11 +21,13 @@ with the rule's transitions, so the chunk runs the plain rule on rescaled values
 """
 from __future__ import annotations
 
+import functools
 import warnings
 
 import torch
 
-from rotarium.ops.backend import use_fla
+from rotarium.ops.backend import requested_backend, use_fla
+from rotarium.ops.l2norm import l2norm
 from rotarium.ops.utils import (
     check_cu_seqlens,
     check_dims,
@@ -41,7 +45,6 @@ from rotarium.ops.utils import (
 CHUNK_SIZE = 64
 # Largest |exponent| of the factored intra-chunk decay (see _intra_chunk); e^40 is far inside float32's range.
 BOUND = 40.0
-L2NORM_EPS = 1e-6  # fla's l2norm_fwd default, so both backends normalise alike
 
 _warned_float32 = False
 
@@ -90,8 +93,34 @@ def fla_rejects(q: torch.Tensor) -> bool:
     return True
 
 
-def l2norm(x: torch.Tensor) -> torch.Tensor:
-    return x * torch.rsqrt(x.pow(2).sum(-1, keepdim=True) + L2NORM_EPS)
+@functools.cache
+def fla_gated_backward_refused() -> bool:
+    """Whether fla refuses the gated delta rule's backward here: on Hopper GPUs, Triton 3.4 up to 3.7.1 miscompiles
+    the gated ``chunk_bwd_dqkwg`` kernel, so fla raises unless tilelang can run that kernel instead."""
+    import importlib.util
+
+    try:
+        from fla.utils import IS_NVIDIA_HOPPER, TRITON_ABOVE_3_4_0, TRITON_ABOVE_3_7_1
+    except ImportError:  # an fla without these flags has no such guard
+        return False
+    if importlib.util.find_spec("tilelang") is not None:
+        return False
+    return bool(IS_NVIDIA_HOPPER and TRITON_ABOVE_3_4_0 and not TRITON_ABOVE_3_7_1)
+
+
+def fla_cannot_train_gated(backend: str | None, *tensors: torch.Tensor | None) -> bool:
+    """On ``backend="auto"``, a gated call that needs gradients where fla would refuse its backward runs our
+    PyTorch path (with a warning once) instead of failing mid-step; a forced ``"fla"`` keeps fla's own error."""
+    if requested_backend(backend) != "auto" or not torch.is_grad_enabled():
+        return False
+    if not any(t is not None and t.requires_grad for t in tensors) or not fla_gated_backward_refused():
+        return False
+    warnings.warn(
+        "fla refuses the gated delta rule's backward on Hopper GPUs with Triton >= 3.4 and < 3.7.1; running "
+        "rotarium's PyTorch implementation for it (upgrade Triton to >= 3.7.1 or install tilelang for fla's kernels)",
+        stacklevel=3,
+    )
+    return True
 
 
 # Side of the diagonal blocks that unit_lower_inverse_ inverts with a triangular solve before doubling them.
@@ -104,9 +133,9 @@ def _invert_unit_lower_(A: torch.Tensor) -> torch.Tensor:
     The diagonal blocks of side INVERSE_BASE are inverted by one batched triangular solve, then inverses of
     blocks of side s are merged into blocks of side 2s, ``[[L11, 0], [L21, L22]]^-1`` having the lower-left
     block ``-L22^-1 L21 L11^-1`` (as fla's solve_tril). Each merge reads A's L21 block before writing the
-    inverse's block in its place, and no earlier step wrote there, so A's memory holds the result: a fresh
-    [N, C, C] buffer costs more in page faults than the arithmetic. Batched LAPACK triangular solves of
-    [64, 64] matrices run twice as slow on CPU as this whole inverse and the matmul applying it.
+    inverse's block in its place, and no earlier step wrote there, so A's memory holds the result (see
+    :mod:`rotarium.ops` on allocation). Doubling replaces batched LAPACK triangular solves of whole chunks, which are
+    slower on CPU than this inverse and the matmul applying it; benchmarks/ops.py times the op.
     """
     N, C, _ = A.shape
     base = INVERSE_BASE if C % INVERSE_BASE == 0 and (C // INVERSE_BASE) & (C // INVERSE_BASE - 1) == 0 else C
@@ -302,7 +331,8 @@ def chunk_gated_delta_rule(
         raise ValueError("`beta` ([B, T, H]) is required")
     check_delta_rule_inputs(q, k, v, g, beta, initial_state, cu_seqlens)
     scale = q.shape[-1] ** -0.5 if scale is None else scale
-    if use_fla(backend, q) and not fla_rejects(q):
+    if use_fla(backend, q) and not fla_rejects(q) and not fla_cannot_train_gated(backend, q, k, v, g, beta,
+                                                                                 initial_state):
         from fla.ops.gated_delta_rule import chunk_gated_delta_rule as fla_chunk_gated_delta_rule
 
         return fla_chunk_gated_delta_rule(

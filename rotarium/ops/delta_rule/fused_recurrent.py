@@ -1,19 +1,17 @@
 """Recurrent (decoding) form of the (gated) delta rule, with fla's ``fused_recurrent_*`` signatures.
 
-The PyTorch path steps through time for short inputs (decoding: one or a few tokens on top of a
-cached state), where a chunk of 64 would be mostly padding, and hands longer inputs to the chunked
-implementation, which computes the same recurrence.
+The PyTorch path steps through time for inputs of at most MAX_STEPS tokens (decoding: one or a few tokens on top of a
+cached state), where a chunk would be mostly padding, and hands longer inputs to the chunked implementation, which
+computes the same recurrence.
 """
 from __future__ import annotations
 
 import torch
 
 from rotarium.ops.backend import use_fla
-from rotarium.ops.delta_rule.chunk import check_delta_rule_inputs, chunk_gated_delta_rule_torch, l2norm
-from rotarium.ops.utils import float32_internals, run_packed
-
-# Longest input that takes the step loop; beyond it the chunked form is faster.
-MAX_STEPS = 64
+from rotarium.ops.delta_rule.chunk import check_delta_rule_inputs, chunk_gated_delta_rule_torch
+from rotarium.ops.l2norm import l2norm
+from rotarium.ops.utils import MAX_STEPS, float32_internals, run_packed
 
 
 def _recurrent_fwd(

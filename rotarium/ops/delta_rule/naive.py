@@ -1,4 +1,4 @@
-"""Step-by-step references for the (gated) delta rule, written from SPEC.md 2.3.
+"""Step-by-step references for the (gated) delta rule, written from its definition (docs/design.md §2.3).
 
 One time step at a time, in float32, the update applied literally:
 ``S_t = exp(g_t) (I - beta_t k_t k_t^T) S_{t-1} + beta_t k_t v_t^T``, ``o_t = scale * S_t^T q_t``.

@@ -1,4 +1,5 @@
-"""Softmax attention ops: FoX forgetting attention (plain causal attention with ``g=None``) and its KV-cache entry point."""
+"""Softmax attention ops: FoX forgetting attention (plain causal attention with ``g=None``) and its KV-cache entry
+point."""
 from rotarium.ops.forgetting_attn.decoding import forgetting_attn_with_cache
 from rotarium.ops.forgetting_attn.naive import naive_forgetting_attn, naive_forgetting_attn_with_cache
 from rotarium.ops.forgetting_attn.parallel import parallel_forgetting_attn

@@ -1,6 +1,7 @@
 """Step-by-step references for forgetting attention, one query at a time (the test oracles).
 
-Written straight from SPEC 2.2: ``c = cumsum(g)`` in float32 and
+Written straight from the definition of Lin et al., "Forgetting Transformer: Softmax Attention with a Forget Gate"
+(ICLR 2025; docs/design.md §2.2): ``c = cumsum(g)`` in float32 and
 ``o_i = sum_{j<=i} softmax_j(scale * q_i.k_j + c_i - c_j) v_j``. Memory is O(T)
 per query, so they also serve as oracles for long sequences (forward only).
 """

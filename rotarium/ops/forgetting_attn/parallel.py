@@ -17,8 +17,8 @@ import torch
 import torch.nn.functional as F
 
 from rotarium.ops.backend import use_fla
+from rotarium.ops.cumsum import segment_cumsum
 from rotarium.ops.utils import (
-    Packing,
     check_cu_seqlens,
     check_dims,
     check_log_decay,
@@ -28,11 +28,11 @@ from rotarium.ops.utils import (
     float32_internals,
 )
 
-# Query rows per block: the blocks' scores are [rows, keys]; small blocks keep
-# them in cache (measured on CPU: 128 rows ran 1.7x faster than 1024), and the
-# budget (floats) bounds the memory of a block for large batch * heads * keys.
+# Query rows per block: the blocks' scores are [rows, keys], and small blocks keep them in cache (benchmarks/ops.py
+# times the op); the budget (floats) bounds the memory of a block for large batch * heads * keys.
 BLOCK = 128
 SCORE_BUDGET = 1 << 24
+
 
 def _block_size(num_rows: int, num_keys: int) -> int:
     """``num_rows`` = B * HQ score rows per query position, ``num_keys`` = keys per row."""
@@ -41,10 +41,10 @@ def _block_size(num_rows: int, num_keys: int) -> int:
 
 
 def _softmax_(S: torch.Tensor, rows_may_be_empty: bool) -> torch.Tensor:
-    """Softmax over the last dim, in place: one fused pass over rows that fit in L1, where max, subtract, exp, sum
-    and divide as separate ops each stream the whole block through memory (measured 1.6-2.1x the time on CPU).
-    In place is safe: the kernels write each element of a row only after that row's max was read. A row with no
-    visible key (padding) gives zeros instead of NaNs."""
+    """Softmax over the last dim, in place: one fused pass over rows that fit in cache, where max, subtract, exp, sum
+    and divide as separate ops would each stream the whole block through memory. In place is safe: the kernels write
+    each element of a row only after that row's max was read. A row with no visible key (padding) gives zeros instead
+    of NaNs."""
     P = torch.ops.aten._softmax.out(S, -1, False, out=S)
     return P.nan_to_num_(nan=0.0) if rows_may_be_empty else P
 
@@ -200,12 +200,6 @@ def _sdpa_causal(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float
     return o.transpose(1, 2)
 
 
-def _segmented_cumsum(g: torch.Tensor, cu_seqlens: torch.Tensor) -> torch.Tensor:
-    """Cumulative sum over time restarting at each sequence of a packed ``[1, T, HQ]`` batch."""
-    packing = Packing(cu_seqlens)
-    return packing.unpad(packing.pad(g).cumsum(1))
-
-
 def check_heads(q: torch.Tensor, k: torch.Tensor) -> None:
     HQ, H = q.shape[2], k.shape[2]
     if H == 0 or HQ % H != 0:
@@ -280,7 +274,5 @@ def parallel_forgetting_attn(
             return _sdpa_causal(q, k, v, scale).to(v.dtype)
         parts = [_sdpa_causal(q[:, a:b], k[:, a:b], v[:, a:b], scale) for a, b in itertools.pairwise(bounds) if b > a]
         return torch.cat(parts, dim=1).to(v.dtype)
-    c = None
-    if g is not None:
-        c = g.float().cumsum(1) if cu_seqlens is None else _segmented_cumsum(g.float(), cu_seqlens)
+    c = None if g is None else segment_cumsum(g.float(), cu_seqlens)
     return block_attention(q, k, v, c, c, scale, bounds=bounds, window_size=window_size).to(v.dtype)

@@ -26,7 +26,7 @@ from rotarium.ops.utils import (
     time_blocks,
 )
 
-CHUNK = 64
+CHUNK_SIZE = 64
 # Largest |exponent| of the single-matmul intra-chunk path. Its factors stay finite; scores above the
 # diagonal may reach e^(2 BOUND) |q||k| (even inf) and are masked out before anything reads them.
 BOUND = 40.0
@@ -187,7 +187,7 @@ def chunk_gla_torch(
     state = (q.new_zeros(B * H, K, V, dtype=torch.float32) if initial_state is None
              else initial_state.float().reshape(B * H, K, V))
     outputs = []
-    for block in time_blocks(CHUNK, *(x.float() for x in (q, k, v, g))):  # each [m, B*H, C, D]
+    for block in time_blocks(CHUNK_SIZE, *(x.float() for x in (q, k, v, g))):  # each [m, B*H, C, D]
         o, state = _gla_block(*block, state, scale)
         outputs.append(o)
     o = join_time_blocks(outputs, B, T)

@@ -4,8 +4,8 @@ from __future__ import annotations
 import torch
 
 from rotarium.ops.backend import use_fla
-from rotarium.ops.gla.chunk import CHUNK, check_gla_inputs, chunk_gla_torch
-from rotarium.ops.utils import float32_internals, run_packed
+from rotarium.ops.gla.chunk import check_gla_inputs, chunk_gla_torch
+from rotarium.ops.utils import MAX_STEPS, float32_internals, run_packed
 
 
 def _step_loop(
@@ -36,7 +36,7 @@ def _fused_recurrent_torch(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, gk: torch.Tensor | None, gv: torch.Tensor | None,
     scale: float, initial_state: torch.Tensor | None, output_final_state: bool, reverse: bool,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    if q.shape[1] > CHUNK and gv is None:
+    if q.shape[1] > MAX_STEPS and gv is None:
         # Same math as the chunked kernel, so long inputs never fall into a Python loop over time.
         # Reverse is the forward recurrence on time-flipped inputs; with packing the zero padding then
         # comes first, where a zero key and a zero log decay leave the state unchanged.

@@ -1,4 +1,5 @@
-"""Step-by-step GLA reference: the recurrence of SPEC 2.1, one token at a time.
+"""Step-by-step GLA reference: the recurrence of Yang et al., "Gated Linear Attention Transformers with
+Hardware-Efficient Training" (2024; docs/design.md §2.1), one token at a time.
 
 Slow and obviously correct; the tests use it as an oracle for the chunked and
 recurrent kernels.
