@@ -1,14 +1,15 @@
-"""Prints the presets' parameter counts (models built on the meta device): ``python -m rotarium.configs.param_table``."""
+"""The presets' parameter counts, from models built on the meta device: ``python -m rotarium.configs.param_table``."""
 from __future__ import annotations
+
+from typing import Any
 
 import torch
 
 from rotarium.configs.presets import PRESETS, preset_config
+from rotarium.models import FAMILY_MODELS
 
 
-def parameter_count(name: str, **overrides) -> int:
-    from rotarium.models import FAMILY_MODELS
-
+def parameter_count(name: str, **overrides: Any) -> int:
     config = preset_config(name, **overrides)
     with torch.device("meta"):
         model = FAMILY_MODELS[config.family].lm(config)

@@ -12,9 +12,9 @@ from rotarium.models.configuration import (
 )
 from rotarium.models.modeling import (
     FAMILY_MODELS,
-    FamilyClasses,
     DeltaNetForCausalLM,
     DeltaNetModel,
+    FamilyClasses,
     FoXForCausalLM,
     FoXModel,
     GLAForCausalLM,
@@ -40,8 +40,8 @@ def register_auto_classes() -> None:
 register_auto_classes()
 
 __all__ = [
-    "CONFIGS", "FAMILY_MODELS", "FamilyClasses", "DeltaNetConfig", "DeltaNetForCausalLM", "DeltaNetModel", "FoXConfig", "FoXForCausalLM",
-    "FoXModel", "GLAConfig", "GLAForCausalLM", "GLAModel", "RotariumCache", "RotariumConfig", "RotariumForCausalLM",
-    "RotariumModel", "RotariumPreTrainedModel", "TransformerConfig", "TransformerForCausalLM", "TransformerModel",
-    "register_auto_classes",
+    "CONFIGS", "FAMILY_MODELS", "DeltaNetConfig", "DeltaNetForCausalLM", "DeltaNetModel", "FamilyClasses", "FoXConfig",
+    "FoXForCausalLM", "FoXModel", "GLAConfig", "GLAForCausalLM", "GLAModel", "RotariumCache", "RotariumConfig",
+    "RotariumForCausalLM", "RotariumModel", "RotariumPreTrainedModel", "TransformerConfig", "TransformerForCausalLM",
+    "TransformerModel", "register_auto_classes",
 ]

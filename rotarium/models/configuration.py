@@ -1,4 +1,10 @@
-"""Configurations of the four families: one shared base, a family adds its model type and defaults."""
+"""Configurations of the four families: the shared fields on :class:`RotariumConfig`, a family's own on its class.
+
+Every field is an argument of the ``__init__`` of the one class that defines it, typed and documented there (as
+transformers' configs do), so that ``help(GLAConfig)`` and editors show it. The fields of the model and of the
+positional layer belong to :class:`RotariumConfig`; a family class defines its mixer's options and its presets, and
+repeats a shared field only to change its default (``TransformerConfig.position_encoding``).
+"""
 from __future__ import annotations
 
 from typing import Any, ClassVar
@@ -9,21 +15,91 @@ from transformers import PretrainedConfig
 from rotarium.layers import PositionalSettings, build_mixer
 from rotarium.layers.mlp import default_intermediate_size
 
-POSITIONAL_FIELDS = tuple(PositionalSettings().to_dict())
+# The positional layer's settings define the defaults of the positional fields, so the two never disagree.
+POSITIONAL_DEFAULTS = PositionalSettings()
+POSITIONAL_FIELDS = tuple(POSITIONAL_DEFAULTS.to_dict())
+# What every preset shares: untied embeddings, the Llama-2 / Mistral vocabulary, 24 layers.
+PRESET_BASE: dict[str, Any] = {"vocab_size": 32000, "num_hidden_layers": 24, "tie_word_embeddings": False}
 
 
 class RotariumConfig(PretrainedConfig):
-    """Fields shared by every family, plus the positional layer's options (see :class:`PositionalSettings`).
+    r"""The fields every family shares: the model's sizes, its special tokens and the positional layer's options.
 
-    A family sets ``model_type``, ``family``, ``mixer_options`` (its mixer's own fields with their defaults) and
-    ``family_defaults`` (its defaults for shared fields). Every field is validated here, at construction, with an
-    error that names it.
+    A family's class adds its mixer's options and sets ``model_type``, ``family``, ``default_num_heads``,
+    ``mixer_fields`` (its fields that go to the mixer) and ``presets``. Every field is validated at construction,
+    with a ``ValueError`` that names it.
+
+    Args:
+        vocab_size (`int`, *optional*, defaults to 32000):
+            Number of tokens: the rows of the embedding and of the LM head.
+        hidden_size (`int`, *optional*, defaults to 1024):
+            Width of the residual stream.
+        num_hidden_layers (`int`, *optional*, defaults to 24):
+            Number of blocks (mixer and feed-forward network, each behind a pre-norm).
+        num_heads (`int`, *optional*):
+            Query heads of every mixer. `None` takes the family's `default_num_heads`.
+        intermediate_size (`int`, *optional*):
+            Width of the SwiGLU feed-forward network. `None` takes 8/3 of `hidden_size`, rounded up to a multiple
+            of 256.
+        norm_eps (`float`, *optional*, defaults to 1e-6):
+            Epsilon of every RMSNorm.
+        initializer_range (`float`, *optional*, defaults to 0.02):
+            Standard deviation of the initial weights, in (0, 1); the output projections that write into the
+            residual stream start `sqrt(2 * num_hidden_layers)` times smaller.
+        tie_word_embeddings (`bool`, *optional*, defaults to `False`):
+            Whether the LM head shares the embedding's weights.
+        max_position_embeddings (`int`, *optional*, defaults to 2048):
+            The context length the model is trained at. No positional option limits the length; the evaluation of
+            length extrapolation reads it as the training length.
+        use_cache (`bool`, *optional*, defaults to `True`):
+            Whether `forward` returns a `RotariumCache` when not told otherwise (never in training or on packed
+            inputs).
+        pad_token_id (`int`, *optional*):
+            Id of the padding token.
+        bos_token_id (`int`, *optional*, defaults to 1):
+            Id of the beginning-of-sequence token.
+        eos_token_id (`int`, *optional*, defaults to 2):
+            Id of the end-of-sequence token.
+        position_encoding (`str`, *optional*, defaults to `"nope"`):
+            The positional layer: `"nope"`, `"rope"`, `"rove"` (RoPE on queries and keys, and Rotary Value
+            Embeddings on the values) or `"selective_rope"` (input-dependent rotations).
+        rope_theta (`float`, *optional*, defaults to 10000.0):
+            Base of the RoPE and RoVE frequencies `base^(-2i/D)`.
+        partial_rotary_factor (`float`, *optional*, defaults to 1.0):
+            Fraction of each query and key head's features that RoPE and RoVE rotate, in (0, 1].
+        selective_rope_rank (`int`, *optional*, defaults to 32):
+            Rank of Selective RoPE's angle projection `W_2 W_1`. `None`: a full-rank projection per head, with
+            weight normalisation.
+        selective_rope_conv_size (`int`, *optional*, defaults to 4):
+            Kernel size of the causal depthwise convolution over the projected angles.
+        selective_rope_activation (`str`, *optional*, defaults to `"silu"`):
+            Activation after that convolution: `"silu"` or `None`.
+        selective_rope_bias (`bool`, *optional*, defaults to `False`):
+            Whether the angular velocities get a learned offset, `omega + exp(b)`.
+        selective_rope_phase_gate (`bool`, *optional*, defaults to `False`):
+            Whether the angular velocities are gated per head, `omega * sigmoid(W_p xh + c)`, where `xh` is the
+            input split into one chunk per head, each L2-normalised.
+        selective_rope_temperature_base (`float`, *optional*, defaults to 500000.0):
+            Base of the `"rope"` temperature spectrum `tau_i = tau_max * base^(-2i/K)`.
+        selective_rope_tau_max (`float`, *optional*, defaults to 1.0):
+            The largest temperature, `tau_max`.
+        selective_rope_spectrum (`str`, *optional*, defaults to `"rope"`):
+            The temperatures: `"rope"` (geometric, as RoPE's frequencies) or `"rfa"` (a fixed draw of random
+            Fourier features, scaled by `tau_max`).
+        selective_rope_learn_temperature (`bool`, *optional*, defaults to `False`):
+            Whether the temperatures are trained rather than frozen.
+        selective_rope_decay (`bool`, *optional*):
+            Whether Selective RoPE adds a per-head decay `logsigmoid(w^T x + b)`. `None`: exactly for the mixers
+            without a decay of their own (Transformer, plain DeltaNet); `True` is refused for the others.
+        kwargs:
+            The family's fields, then transformers' own (`architectures`, `auto_map`, ...).
     """
 
     family: ClassVar[str]
-    mixer_options: ClassVar[dict[str, Any]] = {}
-    family_defaults: ClassVar[dict[str, Any]] = {}
-    keys_to_ignore_at_inference = ["past_key_values", "cache"]
+    default_num_heads: ClassVar[int]
+    mixer_fields: ClassVar[tuple[str, ...]]
+    presets: ClassVar[dict[str, dict[str, Any]]]
+    keys_to_ignore_at_inference: ClassVar[list[str]] = ["past_key_values", "cache"]
 
     def __init__(
         self,
@@ -40,37 +116,58 @@ class RotariumConfig(PretrainedConfig):
         pad_token_id: int | None = None,
         bos_token_id: int | None = 1,
         eos_token_id: int | None = 2,
+        position_encoding: str = POSITIONAL_DEFAULTS.position_encoding,
+        rope_theta: float = POSITIONAL_DEFAULTS.rope_theta,
+        partial_rotary_factor: float = POSITIONAL_DEFAULTS.partial_rotary_factor,
+        selective_rope_rank: int | None = POSITIONAL_DEFAULTS.selective_rope_rank,
+        selective_rope_conv_size: int = POSITIONAL_DEFAULTS.selective_rope_conv_size,
+        selective_rope_activation: str | None = POSITIONAL_DEFAULTS.selective_rope_activation,
+        selective_rope_bias: bool = POSITIONAL_DEFAULTS.selective_rope_bias,
+        selective_rope_phase_gate: bool = POSITIONAL_DEFAULTS.selective_rope_phase_gate,
+        selective_rope_temperature_base: float = POSITIONAL_DEFAULTS.selective_rope_temperature_base,
+        selective_rope_tau_max: float = POSITIONAL_DEFAULTS.selective_rope_tau_max,
+        selective_rope_spectrum: str = POSITIONAL_DEFAULTS.selective_rope_spectrum,
+        selective_rope_learn_temperature: bool = POSITIONAL_DEFAULTS.selective_rope_learn_temperature,
+        selective_rope_decay: bool | None = POSITIONAL_DEFAULTS.selective_rope_decay,
         **kwargs,
     ):
-        kwargs = {**self.family_defaults, **kwargs}
         self.vocab_size = vocab_size
         self.hidden_size = hidden_size
         self.num_hidden_layers = num_hidden_layers
-        self.num_heads = num_heads if num_heads is not None else kwargs.pop("num_heads", 4)
-        kwargs.pop("num_heads", None)
+        self.num_heads = self.default_num_heads if num_heads is None else num_heads
         self.intermediate_size = intermediate_size or default_intermediate_size(hidden_size)
         self.norm_eps = norm_eps
         self.initializer_range = initializer_range
         self.max_position_embeddings = max_position_embeddings
         self.use_cache = use_cache
-        defaults = PositionalSettings().to_dict()
-        for name in POSITIONAL_FIELDS:
-            setattr(self, name, kwargs.pop(name, defaults[name]))
-        for name, default in self.mixer_options.items():
-            setattr(self, name, kwargs.pop(name, default))
+        self.position_encoding = position_encoding
+        self.rope_theta = rope_theta
+        self.partial_rotary_factor = partial_rotary_factor
+        self.selective_rope_rank = selective_rope_rank
+        self.selective_rope_conv_size = selective_rope_conv_size
+        self.selective_rope_activation = selective_rope_activation
+        self.selective_rope_bias = selective_rope_bias
+        self.selective_rope_phase_gate = selective_rope_phase_gate
+        self.selective_rope_temperature_base = selective_rope_temperature_base
+        self.selective_rope_tau_max = selective_rope_tau_max
+        self.selective_rope_spectrum = selective_rope_spectrum
+        self.selective_rope_learn_temperature = selective_rope_learn_temperature
+        self.selective_rope_decay = selective_rope_decay
         super().__init__(pad_token_id=pad_token_id, bos_token_id=bos_token_id, eos_token_id=eos_token_id,
                          tie_word_embeddings=tie_word_embeddings, **kwargs)
         self.check()
 
     @classmethod
     def from_preset(cls, name: str, **overrides: Any) -> RotariumConfig:
-        """A preset of ``rotarium.configs.PRESETS`` (of this family) with ``overrides`` applied."""
-        from rotarium.configs.presets import PRESETS, preset_config
-
-        family = PRESETS.get(name, (None,))[0]
-        if family is not None and cls is not RotariumConfig and family != cls.family:
-            raise ValueError(f"preset {name!r} is a {family} model, not {cls.family}; use {CONFIGS[family].__name__}")
-        return preset_config(name, **overrides)
+        """The config of preset ``name`` (see ``rotarium.PRESETS``) with ``overrides`` (any config field, e.g.
+        ``position_encoding``) applied. On a family's class, the preset must be one of that family."""
+        owner = next((config for config in CONFIGS.values() if name in config.presets), None)
+        if owner is None:
+            names = sorted(preset for config in CONFIGS.values() for preset in config.presets)
+            raise ValueError(f"unknown preset {name!r}; choose one of {names}")
+        if cls is not RotariumConfig and owner is not cls:
+            raise ValueError(f"preset {name!r} is a {owner.family} model, not {cls.family}; use {owner.__name__}")
+        return owner(**{**PRESET_BASE, **owner.presets[name], **overrides})
 
     @property
     def positional_settings(self) -> PositionalSettings:
@@ -79,7 +176,7 @@ class RotariumConfig(PretrainedConfig):
     def mixer_kwargs(self) -> dict[str, Any]:
         return {"hidden_size": self.hidden_size, "num_heads": self.num_heads, "norm_eps": self.norm_eps,
                 "positional": self.positional_settings,
-                **{name: getattr(self, name) for name in self.mixer_options}}
+                **{name: getattr(self, name) for name in self.mixer_fields}}
 
     def check(self) -> None:
         """Raises ``ValueError`` naming the first field that cannot work."""
@@ -97,46 +194,163 @@ class RotariumConfig(PretrainedConfig):
 
 
 class GLAConfig(RotariumConfig):
+    r"""A GLA model (Yang et al., 2024, "Gated Linear Attention Transformers with Hardware-Efficient Training"):
+    linear attention with a data-dependent decay per key channel. `num_heads` defaults to 4; the other shared
+    fields are those of [`RotariumConfig`].
+
+    Args:
+        expand_k (`float`, *optional*, defaults to 0.5):
+            Width of the keys (and queries) as a fraction of `hidden_size`, split over the heads.
+        expand_v (`float`, *optional*, defaults to 1.0):
+            Width of the values as a fraction of `hidden_size`, split over the heads.
+        use_short_conv (`bool`, *optional*, defaults to `True`):
+            Whether queries, keys and values pass through a causal depthwise convolution.
+        conv_size (`int`, *optional*, defaults to 4):
+            Kernel size of those convolutions.
+        gate_low_rank_dim (`int`, *optional*, defaults to 16):
+            Rank of the projection that computes the decay gate.
+        gate_logit_normalizer (`float`, *optional*, defaults to 16.0):
+            The log decay is `logsigmoid(gate) / gate_logit_normalizer`.
+        kwargs:
+            The shared fields of [`RotariumConfig`].
+    """
+
     model_type = "rotarium_gla"
     family = "gla"
-    mixer_options = {"expand_k": 0.5, "expand_v": 1.0, "use_short_conv": True, "conv_size": 4,
-                     "gate_low_rank_dim": 16, "gate_logit_normalizer": 16.0}
-    family_defaults = {"num_heads": 4}
+    default_num_heads = 4
+    mixer_fields = ("expand_k", "expand_v", "use_short_conv", "conv_size", "gate_low_rank_dim",
+                    "gate_logit_normalizer")
+    presets: ClassVar[dict[str, dict[str, Any]]] = {
+        "gla-370m": {"hidden_size": 1024, "num_heads": 4, "expand_k": 0.5, "expand_v": 1.0, "use_short_conv": True},
+        "gla-1.3b": {"hidden_size": 2048, "num_heads": 4, "expand_k": 0.5, "expand_v": 1.0, "use_short_conv": True},
+    }
 
-    def __init__(self, **kwargs):  # transformers turns config subclasses without an __init__ into dataclasses
+    def __init__(self, expand_k: float = 0.5, expand_v: float = 1.0, use_short_conv: bool = True, conv_size: int = 4,
+                 gate_low_rank_dim: int = 16, gate_logit_normalizer: float = 16.0, **kwargs):
+        self.expand_k = expand_k
+        self.expand_v = expand_v
+        self.use_short_conv = use_short_conv
+        self.conv_size = conv_size
+        self.gate_low_rank_dim = gate_low_rank_dim
+        self.gate_logit_normalizer = gate_logit_normalizer
         super().__init__(**kwargs)
 
 
 class FoXConfig(RotariumConfig):
+    r"""A FoX model, the Forgetting Transformer (Lin et al., ICLR 2025, "Forgetting Transformer: Softmax Attention
+    with a Forget Gate"): softmax attention whose scores are decayed by a data-dependent forget gate per head.
+    `num_heads` defaults to 16; the other shared fields are those of [`RotariumConfig`].
+
+    Args:
+        num_kv_heads (`int`, *optional*):
+            Key and value heads (grouped-query attention); `None`: as many as `num_heads`.
+        head_dim (`int`, *optional*):
+            Size of each head; `None`: `hidden_size // num_heads`.
+        qk_norm (`bool`, *optional*, defaults to `False`):
+            Whether queries and keys pass through an RMSNorm per head.
+        output_gate (`bool`, *optional*, defaults to `False`):
+            Whether each head's output is gated by `sigmoid(W x)`.
+        attention_bias (`bool`, *optional*, defaults to `False`):
+            Whether the query, key and value projections have a bias.
+        kwargs:
+            The shared fields of [`RotariumConfig`].
+    """
+
     model_type = "rotarium_fox"
     family = "fox"
-    mixer_options = {"num_kv_heads": None, "head_dim": None, "qk_norm": False, "output_gate": False,
-                     "attention_bias": False}
-    family_defaults = {"num_heads": 16}
+    default_num_heads = 16
+    mixer_fields = ("num_kv_heads", "head_dim", "qk_norm", "output_gate", "attention_bias")
+    presets: ClassVar[dict[str, dict[str, Any]]] = {
+        "fox-370m": {"hidden_size": 1024, "num_heads": 16},
+        "fox-1.3b": {"hidden_size": 2048, "num_heads": 32},
+    }
 
-    def __init__(self, **kwargs):
+    def __init__(self, num_kv_heads: int | None = None, head_dim: int | None = None, qk_norm: bool = False,
+                 output_gate: bool = False, attention_bias: bool = False, **kwargs):
+        self.num_kv_heads = num_kv_heads
+        self.head_dim = head_dim
+        self.qk_norm = qk_norm
+        self.output_gate = output_gate
+        self.attention_bias = attention_bias
         super().__init__(**kwargs)
 
 
 class DeltaNetConfig(RotariumConfig):
+    r"""A DeltaNet model (Yang et al., 2024, "Parallelizing Linear Transformers with the Delta Rule over Sequence
+    Length"): linear attention whose state is updated by the delta rule, with L2-normalised queries and keys.
+    `num_heads` defaults to 8; the other shared fields are those of [`RotariumConfig`].
+
+    Args:
+        expand_k (`float`, *optional*, defaults to 1.0):
+            Width of the keys (and queries) as a fraction of `hidden_size`, split over the heads.
+        expand_v (`float`, *optional*, defaults to 1.0):
+            Width of the values as a fraction of `hidden_size`, split over the heads.
+        use_short_conv (`bool`, *optional*, defaults to `True`):
+            Whether queries, keys and values pass through a causal depthwise convolution.
+        conv_size (`int`, *optional*, defaults to 4):
+            Kernel size of those convolutions.
+        use_gated_delta (`bool`, *optional*, defaults to `False`):
+            Whether the state decays as in Gated DeltaNet, `log a = -exp(A_log) * softplus(W_a x + dt_bias)`.
+        use_output_gate (`bool`, *optional*, defaults to `False`):
+            Whether each head's output is gated by `silu(W x)`.
+        kwargs:
+            The shared fields of [`RotariumConfig`].
+    """
+
     model_type = "rotarium_deltanet"
     family = "deltanet"
-    mixer_options = {"expand_k": 1.0, "expand_v": 1.0, "use_short_conv": True, "conv_size": 4,
-                     "use_gated_delta": False, "use_output_gate": False}
-    family_defaults = {"num_heads": 8}
+    default_num_heads = 8
+    mixer_fields = ("expand_k", "expand_v", "use_short_conv", "conv_size", "use_gated_delta", "use_output_gate")
+    presets: ClassVar[dict[str, dict[str, Any]]] = {
+        "deltanet-370m": {"hidden_size": 1024, "num_heads": 8, "expand_k": 1.0, "expand_v": 1.0,
+                          "use_short_conv": True},
+        "deltanet-1.3b": {"hidden_size": 2048, "num_heads": 16, "expand_k": 1.0, "expand_v": 1.0,
+                          "use_short_conv": True},
+    }
 
-    def __init__(self, **kwargs):
+    def __init__(self, expand_k: float = 1.0, expand_v: float = 1.0, use_short_conv: bool = True, conv_size: int = 4,
+                 use_gated_delta: bool = False, use_output_gate: bool = False, **kwargs):
+        self.expand_k = expand_k
+        self.expand_v = expand_v
+        self.use_short_conv = use_short_conv
+        self.conv_size = conv_size
+        self.use_gated_delta = use_gated_delta
+        self.use_output_gate = use_output_gate
         super().__init__(**kwargs)
 
 
 class TransformerConfig(RotariumConfig):
+    r"""A Transformer (Llama's layout): softmax attention. `num_heads` defaults to 16 and `position_encoding` to
+    `"rope"`; the other shared fields are those of [`RotariumConfig`].
+
+    Args:
+        num_kv_heads (`int`, *optional*):
+            Key and value heads (grouped-query attention); `None`: as many as `num_heads`.
+        head_dim (`int`, *optional*):
+            Size of each head; `None`: `hidden_size // num_heads`.
+        attention_bias (`bool`, *optional*, defaults to `False`):
+            Whether the query, key and value projections have a bias.
+        position_encoding (`str`, *optional*, defaults to `"rope"`):
+            As in [`RotariumConfig`], with RoPE as the default.
+        kwargs:
+            The shared fields of [`RotariumConfig`].
+    """
+
     model_type = "rotarium_transformer"
     family = "transformer"
-    mixer_options = {"num_kv_heads": None, "head_dim": None, "attention_bias": False}
-    family_defaults = {"num_heads": 16, "position_encoding": "rope"}
+    default_num_heads = 16
+    mixer_fields = ("num_kv_heads", "head_dim", "attention_bias")
+    presets: ClassVar[dict[str, dict[str, Any]]] = {
+        "transformer-370m": {"hidden_size": 1024, "num_heads": 16, "rope_theta": 10000.0},
+        "transformer-1.3b": {"hidden_size": 2048, "num_heads": 32, "rope_theta": 10000.0},
+    }
 
-    def __init__(self, **kwargs):
-        super().__init__(**kwargs)
+    def __init__(self, num_kv_heads: int | None = None, head_dim: int | None = None, attention_bias: bool = False,
+                 position_encoding: str = "rope", **kwargs):
+        self.num_kv_heads = num_kv_heads
+        self.head_dim = head_dim
+        self.attention_bias = attention_bias
+        super().__init__(position_encoding=position_encoding, **kwargs)
 
 
 CONFIGS: dict[str, type[RotariumConfig]] = {c.family: c for c in (GLAConfig, FoXConfig, DeltaNetConfig,

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import NamedTuple
+from typing import ClassVar, NamedTuple
 
 import torch
 from torch import nn
@@ -39,7 +39,7 @@ class RotariumPreTrainedModel(PreTrainedModel):
     config_class = RotariumConfig
     base_model_prefix = "model"
     supports_gradient_checkpointing = True
-    _no_split_modules = ["Block"]
+    _no_split_modules: ClassVar[list[str]] = ["Block"]
     _supports_cache_class = True
 
     @classmethod
@@ -164,7 +164,7 @@ class RotariumModel(RotariumPreTrainedModel):
 
 
 class RotariumForCausalLM(RotariumPreTrainedModel, GenerationMixin):
-    _tied_weights_keys = {"lm_head.weight": "model.embed_tokens.weight"}
+    _tied_weights_keys: ClassVar[dict[str, str]] = {"lm_head.weight": "model.embed_tokens.weight"}
 
     def __init__(self, config: RotariumConfig):
         super().__init__(config)

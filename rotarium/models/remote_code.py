@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 PACKAGE = "rotarium"
-# What the exported model needs: the model classes and the configs (which reach the presets lazily).
+# What the exported model needs: the model classes and their configs.
 ROOTS = ("rotarium.models.configuration", "rotarium.models.modeling")
 ENTRY_FILES = {"rotarium.models.configuration": "configuration_rotarium.py",
                "rotarium.models.modeling": "modeling_rotarium.py"}
@@ -97,18 +97,23 @@ def dependencies(module: str) -> list[str]:
 
 
 def module_order(roots: tuple[str, ...] = ROOTS) -> tuple[str, ...]:
-    """Every module reachable from ``roots``, each after the modules it imports (lazy import cycles, such as
-    configuration <-> presets, are cut where they close)."""
+    """Every module reachable from ``roots``, each after the modules it imports.
+
+    Raises ``ValueError`` on an import cycle, lazy imports included: rotarium's imports point one way
+    (docs/design.md §6), and a checkpoint must not ship code that breaks it."""
     order: list[str] = []
-    visiting: set[str] = set()
+    path: list[str] = []
 
     def visit(module: str) -> None:
-        if module in order or module in visiting:
+        if module in order:
             return
-        visiting.add(module)
+        if module in path:
+            cycle = " -> ".join(path[path.index(module):] + [module])
+            raise ValueError(f"import cycle {cycle}: rotarium's imports must point one way to be bundled")
+        path.append(module)
         for dep in dependencies(module):
             visit(dep)
-        visiting.discard(module)
+        path.pop()
         order.append(module)
 
     for root in roots:
@@ -144,7 +149,8 @@ def rewrite(module: str) -> str:
             raise ValueError(f"{path} line {node.lineno}: an import must stand alone on its line(s) to be bundled")
         if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module.split(".")[0] == PACKAGE:
             names = ", ".join(a.name if a.asname is None else f"{a.name} as {a.asname}" for a in node.names)
-            edits.append((node.lineno, node.end_lineno, [f"{indent}from .{flat_name(node.module)[:-3]} import {names}\n"]))
+            relative = f"{indent}from .{flat_name(node.module)[:-3]} import {names}\n"
+            edits.append((node.lineno, node.end_lineno, [relative]))
         else:
             top = [a.name.split(".")[0] for a in node.names] if isinstance(node, ast.Import) else \
                 [(node.module or "").split(".")[0]]

@@ -1,10 +1,12 @@
 """The four families through the transformers API: loss, saving, generation, caching, positions."""
+import inspect
+
 import pytest
 import torch
-from transformers import AutoConfig, AutoModel, AutoModelForCausalLM
+from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, PretrainedConfig
 
 import rotarium
-from rotarium.models import RotariumCache
+from rotarium.models import CONFIGS, RotariumCache
 from tests.models.helpers import COMBINATIONS, VOCAB, tiny_config, tiny_model
 
 
@@ -212,3 +214,23 @@ def test_presets_have_the_advertised_sizes():
 def test_invalid_configs_raise_value_errors_naming_the_field(family, overrides, field):
     with pytest.raises(ValueError, match=field):
         tiny_config(family, overrides.pop("position_encoding", "nope"), **overrides)
+
+
+@pytest.mark.parametrize("family", list(CONFIGS))
+def test_every_saved_field_is_a_typed_argument_documented_where_it_is_defined(family):
+    config_class = CONFIGS[family]
+    shared = dict(inspect.signature(rotarium.RotariumConfig.__init__).parameters)
+    own = dict(inspect.signature(config_class.__init__).parameters)
+    for arguments in (shared, own):
+        for name in ("self", "kwargs"):
+            arguments.pop(name)
+    transformers_fields = set(PretrainedConfig().to_dict())
+    assert set(config_class().to_dict()) - transformers_fields == set(shared) | set(own)
+    for owner, arguments in ((rotarium.RotariumConfig, shared), (config_class, own)):
+        for name, argument in arguments.items():
+            assert argument.annotation is not inspect.Parameter.empty, (owner.__name__, name)
+            assert f"\n        {name} (`" in owner.__doc__, (owner.__name__, name)
+    # a family repeats a shared field only to change its default
+    for name in set(own) & set(shared):
+        assert own[name].default != shared[name].default, name
+    assert set(config_class.mixer_fields) <= set(own)
