@@ -1,6 +1,6 @@
 """Timing helpers shared by the benchmark scripts.
 
-This machine is shared: its speed drifts by 20-50% over seconds to minutes. So contenders are timed
+A shared machine's speed drifts within minutes by more than the targets' margins. So contenders are timed
 round-robin (one call each per round, in the same conditions, in a shuffled order), a time is the best of its
 rounds, and a ratio is the median over rounds of the two contenders' times in the same round, which cancels the
 drift instead of trusting whichever run happened to be lucky.
@@ -31,7 +31,7 @@ def time_rounds(fns: dict[Hashable, Callable[[], object]], repeats: int = 3,
     for _ in range(repeats):
         # A fresh order each round (the same in every run): a call inherits the heap the previous call left (how much
         # memory glibc kept, hence its page faults), so a fixed order favours whichever contender follows the
-        # heaviest one (two mixers timed in both orders: 1.25 against 1.18).
+        # heaviest one.
         shuffler.shuffle(order)
         for key in order:
             fn = fns[key]
@@ -61,11 +61,10 @@ def keep_freed_memory() -> bool:
     """Makes glibc keep freed memory for reuse instead of handing it back to the OS; False where that is not glibc.
 
     For the rest of the process (glibc's adaptive thresholds cannot be restored), so the scripts measure the default
-    allocator in another process. Under glibc's defaults a call reuses freed pages up to a threshold that adapts to the biggest
-    tensors freed so far and gets fresh zero-filled pages from the OS beyond it (1.2-3.3 us each on this VM): which
-    contender pays depends on its temporaries' sizes and on what ran before it, not on its arithmetic. Kept memory is
-    what jemalloc / tcmalloc give (PyTorch's CPU tuning guide recommends them) and what PyTorch's caching allocator
-    does on GPUs.
+    allocator in another process. Under glibc's defaults a call reuses freed pages up to a threshold that adapts to
+    the biggest tensors freed so far and gets fresh zero-filled pages from the OS beyond it: which contender pays
+    depends on its temporaries' sizes and on what ran before it, not on its arithmetic. Kept memory is what jemalloc /
+    tcmalloc give (PyTorch's CPU tuning guide recommends them) and what PyTorch's caching allocator does on GPUs.
     """
     import ctypes
 

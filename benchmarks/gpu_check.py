@@ -14,14 +14,12 @@ import sys
 
 import torch
 import torch.nn.functional as F
+from common import best, paired_ratio, time_rounds, verdict  # beside this script, first on sys.path
 
-sys.path.insert(0, os.path.dirname(__file__))
-from common import best, paired_ratio, time_rounds, verdict  # noqa: E402
-
-import rotarium.ops as ops  # noqa: E402
-from rotarium.layers import POSITION_ENCODINGS  # noqa: E402
-from rotarium.models import CONFIGS, FAMILY_MODELS  # noqa: E402
-from rotarium.ops.backend import ENV_VAR  # noqa: E402
+from rotarium import ops
+from rotarium.layers import POSITION_ENCODINGS
+from rotarium.models import CONFIGS, FAMILY_MODELS
+from rotarium.ops.backend import ENV_VAR
 
 
 def inputs(B: int, T: int, H: int, K: int, V: int, dtype: torch.dtype) -> dict[str, torch.Tensor]:

@@ -9,25 +9,22 @@ process of its own.
 One small CPU shape by default: B=4, T=512, width 512, each family with its 370M preset's head sizes (GLA: keys 128
 and values 256 wide per head; DeltaNet: 128; FoX and the Transformer: 64). 512 is the smallest width that holds at
 least two of every family's preset heads. The positional layer's work grows with the width and the mixer's
-projections with its square, so narrower mixers show larger ratios: the README also gives ``--hidden 256 --heads 4``
-(the width of ``rotarium train``'s small default model).
+projections with its square, so narrower mixers show larger ratios: docs/benchmarks.md also gives ``--hidden 256
+--heads 4`` (the width of ``rotarium train``'s small default model).
 ``python benchmarks/layers.py [--batch 4] [--seq-len 512] [--hidden 512] [--heads N] [--repeats 30]
 [--no-input-grad] [--kept-memory-only]``.
 """
 from __future__ import annotations
 
 import argparse
-import os
 import subprocess
 import sys
 
 import torch
+from common import best, keep_freed_memory, paired_ratio, time_rounds, verdict  # beside this script, first on sys.path
 
-sys.path.insert(0, os.path.dirname(__file__))
-from common import best, keep_freed_memory, paired_ratio, time_rounds, verdict  # noqa: E402
-
-from rotarium.configs.presets import PRESETS  # noqa: E402
-from rotarium.layers import MIXERS, POSITION_ENCODINGS, PositionalSettings, SequenceInfo, build_mixer  # noqa: E402
+from rotarium.configs.presets import PRESETS
+from rotarium.layers import MIXERS, POSITION_ENCODINGS, PositionalSettings, SequenceInfo, build_mixer
 
 TARGETS = {"nope": 1.0, "rope": 1.10, "rove": 1.10, "selective_rope": 1.20}
 
@@ -103,7 +100,7 @@ def main() -> None:
                         help="the same head count for every family (default: each family's 370M preset head sizes)")
     parser.add_argument("--repeats", type=int, default=30)
     parser.add_argument("--no-input-grad", action="store_true",
-                        help="skip the gradient of the mixer's input (before 2026-12-03 the benchmark did)")
+                        help="skip the gradient of the mixer's input (training needs it)")
     parser.add_argument("--kept-memory-only", action="store_true",
                         help="skip the informative table under glibc's default allocator")
     parser.add_argument("--default-allocator", action="store_true",
@@ -123,13 +120,14 @@ def main() -> None:
               f"T={args.seq_len} d={args.hidden} H={heads}, float32, {torch.get_num_threads()} threads; ratio to the "
               "same mixer with NoPE")
     if args.default_allocator:
-        print("\n## glibc's default allocator (informative: which contender gets fresh pages from the OS depends on its "
-              "temporaries' sizes and on the call before it)")
+        print("\n## glibc's default allocator (informative: which contender gets fresh pages from the OS depends on "
+              "its temporaries' sizes and on the call before it)")
         measure(args, x, seq)
         sys.stdout.flush()
         return
     print("\n## " + ("freed memory kept by the allocator (glibc mallopt: no trimming, no mmap below 256 MB), for "
-                     "every contender alike" if kept else "the allocator as it is (not glibc: its policy was left alone)"))
+                     "every contender alike" if kept
+                     else "the allocator as it is (not glibc: its policy was left alone)"))
     ok = measure(args, x, seq)
     print(f"\ntargets (RoPE/RoVE <= 1.10, Selective RoPE <= 1.20): {verdict(ok)}")
 

@@ -10,15 +10,11 @@
 from __future__ import annotations
 
 import argparse
-import os
-import sys
 
 import torch
+from common import best, paired_ratio, time_rounds, verdict  # beside this script, first on sys.path
 
-sys.path.insert(0, os.path.dirname(__file__))
-from common import best, paired_ratio, time_rounds, verdict  # noqa: E402
-
-from rotarium.models import CONFIGS, FAMILY_MODELS  # noqa: E402
+from rotarium.models import CONFIGS, FAMILY_MODELS
 
 VOCAB = 32000
 
@@ -82,7 +78,8 @@ def main() -> None:
 
     print("\n## training throughput (forward+backward)")
     steps = {family: training_step(build(family, args), args) for family in CONFIGS}  # the Transformer uses RoPE
-    steps["llama (transformers)"] = training_step(llama(args, build("transformer", args).config.intermediate_size), args)
+    llama_model = llama(args, build("transformer", args).config.intermediate_size)
+    steps["llama (transformers)"] = training_step(llama_model, args)
     samples = time_rounds(steps, args.repeats)
     for name, seconds in best(samples).items():
         print(f"| {name} | {args.batch * args.seq_len / seconds:,.0f} tokens/s |")

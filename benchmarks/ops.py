@@ -6,11 +6,11 @@
 2. Every op at T = 2048 ... 16384 beside PyTorch's causal SDPA. Targets for the linear ops:
    time(16384) <= 4.5 * time(4096) (linear growth) and faster than SDPA from T = 8192 on.
    The growth verdict holds the allocator's behaviour fixed across lengths. Under glibc's defaults it is not: freed
-   memory stays in the heap below a threshold (~34 MB here) and goes back to the OS above it, so a call at T=4096
-   reuses its pages while one at T=16384 takes ~20k fresh zero-filled pages (1.2-3.3 us each on a VM) for its 16 MB
-   outputs and gradients alone. So the growth is measured with glibc told to keep freed memory (as jemalloc /
-   tcmalloc do, which PyTorch's CPU tuning guide recommends, and as PyTorch's caching allocator does on GPUs), in a
-   process of its own; the default allocator's growth and page faults are printed before it.
+   memory stays in the heap below an adaptive threshold and goes back to the OS above it, so a call at T=4096 reuses
+   its pages while one at T=16384 takes fresh zero-filled pages for its outputs and gradients. So the growth is
+   measured with glibc told to keep freed memory (as jemalloc / tcmalloc do, which PyTorch's CPU tuning guide
+   recommends, and as PyTorch's caching allocator does on GPUs), in a process of its own; the default allocator's
+   growth and page faults are printed before it.
 
 Usage: ``python benchmarks/ops.py [--lengths 2048 4096 8192 16384] [--repeats 5]``.
 Forces the PyTorch backend so the numbers mean the same on any machine.
@@ -18,17 +18,14 @@ Forces the PyTorch backend so the numbers mean the same on any machine.
 from __future__ import annotations
 
 import argparse
-import os
 import subprocess
 import sys
 
 import torch
 import torch.nn.functional as F
+from common import best, keep_freed_memory, paired_ratio, time_rounds, verdict  # beside this script, first on sys.path
 
-sys.path.insert(0, os.path.dirname(__file__))
-from common import best, keep_freed_memory, paired_ratio, time_rounds, verdict  # noqa: E402
-
-from rotarium.ops import chunk_delta_rule, chunk_gated_delta_rule, chunk_gla, parallel_forgetting_attn  # noqa: E402
+from rotarium.ops import chunk_delta_rule, chunk_gated_delta_rule, chunk_gla, parallel_forgetting_attn
 
 
 def make_inputs(B: int, T: int, H: int, K: int, V: int) -> dict[str, torch.Tensor]:
@@ -86,13 +83,15 @@ def against_transformers(repeats: int) -> bool:
     x = make_inputs(1, 4096, 4, 64, 64)
     samples = time_rounds({
         "ours": OPS["chunk_gated_delta_rule"](x),
-        "theirs": fwd_bwd(lambda q, k, v, g, b: reference(q, k, v, g, b), x["q"], x["k"], x["v"], x["g_head"], x["beta"]),
+        "theirs": fwd_bwd(lambda q, k, v, g, b: reference(q, k, v, g, b),
+                          x["q"], x["k"], x["v"], x["g_head"], x["beta"]),
     }, repeats)
     times = best(samples)
     ours, theirs = times["ours"], times["theirs"]
     ratio = paired_ratio(samples["ours"], samples["theirs"])
     print("## chunk_gated_delta_rule vs transformers' torch_chunk_gated_delta_rule (B=1 T=4096 H=4 K=V=64, fwd+bwd)")
-    print(f"rotarium {ours:.3f} s | transformers {theirs:.3f} s | ratio {ratio:.2f} (target <= 0.50) {verdict(ratio <= 0.5)}")
+    print(f"rotarium {ours:.3f} s | transformers {theirs:.3f} s | ratio {ratio:.2f} (target <= 0.50) "
+          f"{verdict(ratio <= 0.5)}")
     return ratio <= 0.5
 
 
@@ -111,8 +110,8 @@ def minor_page_faults(call) -> int | None:
 def scaling(lengths: list[int], repeats: int) -> bool:
     inputs = {T: make_inputs(1, T, 4, 64, 64) for T in lengths}
     # Growth: each op in round-robin over its own lengths only, the steady state of a training loop that calls the
-    # same ops every step. Interleaved with attention's runs at T=16384 (seconds each, hundreds of MB), every call
-    # found the allocator's heap in another state, and an op's growth moved by +-0.5 between identical runs.
+    # same ops every step; interleaved with attention's far larger calls, every call would find the allocator's heap
+    # in another state.
     calls = {name: {T: make(inputs[T]) for T in lengths} for name, make in OPS.items()}
     samples = {name: time_rounds(calls[name], repeats) for name in OPS}
     times = {name: best(samples[name]) for name in OPS}

@@ -6,7 +6,7 @@ seq_len 128, batch 16 sequences per process, the embedded corpus), only shortene
 or checkpoint inside the loop, no evaluation after. Tokens per second are read from the run's ``metrics.jsonl``
 (global: every process's tokens), over every logged window but the first (warm-up). One process runs 2 threads;
 two processes (``accelerate launch --num_processes 2 --num_cpu_threads_per_process 1`` with
-``rotarium/configs/accelerate/ddp_cpu.yaml``) run 1 thread each, so both use the whole 2-core machine.
+``rotarium/configs/accelerate/ddp_cpu.yaml``) run 1 thread each, so both use two cores.
 
 ``python benchmarks/train.py [--position selective_rope] [--steps 24] [--log-every 4] [--families gla fox ...]``
 """
