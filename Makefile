@@ -3,13 +3,17 @@
 PYTHON ?= python3
 TORCH_CPU ?= torch==2.13.0
 
-.PHONY: install test demo bench
+.PHONY: install lint test demo bench
 
 install:
 	$(PYTHON) -m pip install -q $(TORCH_CPU)
 	$(PYTHON) -m pip install -q -e ".[dev]"
 
-test:
+lint:
+	$(PYTHON) -m ruff check .
+
+# CI runs `make test`, so the lint runs there too, before the suite.
+test: lint
 	$(PYTHON) -m pytest -q -n 2 tests
 
 demo:

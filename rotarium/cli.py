@@ -1,8 +1,7 @@
 """The ``rotarium`` command line: one sub-command per job, each defined beside the code it runs.
 
 A module that adds commands exposes ``add_commands(subparsers)``, registering parsers whose defaults hold
-``func`` (called with the parsed arguments). Modules are listed here and imported only when present, so the CLI
-works while a job is still being written.
+``func`` (called with the parsed arguments).
 """
 from __future__ import annotations
 
@@ -11,37 +10,19 @@ import importlib
 import sys
 
 COMMAND_MODULES = (
-    "rotarium.training.cli",   # train
+    "rotarium.training.cli",    # train
     "rotarium.evaluation.cli",  # eval, generate
     "rotarium.hub.cli",         # export, push
     "rotarium.synthetic.cli",   # synthetic
 )
 
 
-def int_list(flag: str, minimum: int = 1):
-    """An argparse type: ``"64,128"`` -> ``[64, 128]``, every value at least ``minimum``, errors naming ``flag``."""
-    def parse(text: str) -> list[int]:
-        try:
-            values = [int(x) for x in text.split(",") if x.strip()]
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{flag} takes integers separated by commas, got {text!r}") from None
-        if not values or min(values) < minimum:
-            raise argparse.ArgumentTypeError(f"{flag} must be integers >= {minimum}, got {text!r}")
-        return values
-    return parse
-
-
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="rotarium", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="rotarium", description="Train, evaluate, sample from, export and publish "
+                                     "rotarium models, and run the synthetic tasks.")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name in COMMAND_MODULES:
-        try:
-            module = importlib.import_module(name)
-        except ModuleNotFoundError as error:
-            if error.name is not None and name.startswith(error.name):
-                continue  # that job is not part of this installation yet
-            raise
-        module.add_commands(subparsers)
+        importlib.import_module(name).add_commands(subparsers)
     return parser
 
 

@@ -5,7 +5,7 @@ import argparse
 import json
 from pathlib import Path
 
-from rotarium.cli import int_list
+from rotarium.utils.argtypes import int_list
 
 
 def run_eval(args: argparse.Namespace) -> int:

@@ -15,6 +15,10 @@ from typing import Any
 
 import torch
 
+from rotarium.data.config import DEFAULT_SEED, DataSection
+from rotarium.data.documents import held_out_documents, iter_documents
+from rotarium.utils.files import write_json_atomic
+
 
 def stream_tokens(tokenizer, texts: list[str]) -> torch.Tensor:
     ids: list[int] = []
@@ -83,9 +87,7 @@ def save_results(rows: list[dict[str, Any]], folder: str | os.PathLike, *, title
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     table = folder / "perplexity.json"
-    tmp = folder / ".perplexity.json.tmp"
-    tmp.write_text(json.dumps(rows, indent=2) + "\n")
-    tmp.replace(table)
+    write_json_atomic(table, rows)
     points = [(r["context_length"], r["perplexity"]) for r in rows if r["perplexity"] is not None]
     fig, ax = plt.subplots(figsize=(6, 4))
     if points:
@@ -109,9 +111,6 @@ def evaluation_documents(data: str, model_dir: str | os.PathLike | None = None) 
     """The texts to score and a description. ``data``: ``validation`` (the documents the checkpoint's training run
     held out, re-derived from its ``training_args.json``; the embedded corpus's split when there is none),
     ``embedded`` (the whole embedded corpus), or a local text / JSON Lines / Parquet file or folder."""
-    from rotarium.training.config import DataSection, TrainSection
-    from rotarium.training.data import iter_documents, split_documents
-
     if data == "validation":
         args: dict[str, Any] = {}
         for folder in (Path(model_dir), Path(model_dir).parent) if model_dir else ():
@@ -120,13 +119,6 @@ def evaluation_documents(data: str, model_dir: str | os.PathLike | None = None) 
                 break
         section = DataSection(**{k[5:]: v for k, v in args.items() if k.startswith("data.")
                                  and k[5:] in DataSection.__dataclass_fields__})
-        seed = args.get("train.seed", TrainSection().seed)
-        if section.streaming:
-            from itertools import islice
-
-            return list(islice(iter(iter_documents(section)), section.validation_documents)), \
-                f"{section.source} (held-out documents)"
-        documents = list(iter_documents(section))
-        return split_documents(documents, section.validation_fraction, seed)[1], f"{section.source} (validation split)"
-    section = DataSection(source=data)
-    return list(iter_documents(section)), data
+        split = "held-out documents" if section.streaming else "validation split"
+        return held_out_documents(section, args.get("train.seed", DEFAULT_SEED)), f"{section.source} ({split})"
+    return list(iter_documents(DataSection(source=data))), data

@@ -24,9 +24,11 @@ from pathlib import Path
 from typing import Any
 
 from rotarium.models import CONFIGS
+from rotarium.utils.files import read_jsonl
 
 MODEL_TYPES = {config.model_type: family for family, config in CONFIGS.items()}
-WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "pytorch_model.bin.index.json")
+WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
+                "pytorch_model.bin.index.json")
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "tokenizer.model",
                    "vocab.json", "vocab.txt", "merges.txt", "added_tokens.json", "chat_template.jinja",
                    "chat_template.json")
@@ -133,14 +135,8 @@ def read_checkpoint(path: str | Path) -> Checkpoint:
         args = _read_json(args_path, "training metadata")
         checkpoint.training_args = args if isinstance(args, dict) else None
     if (metrics_path := _find(path, METRICS)) is not None:
-        for line in reversed(metrics_path.read_text(encoding="utf-8").splitlines()):
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError:
-                continue  # a line being written when the run stopped
-            if isinstance(record, dict):
-                checkpoint.last_metrics = record
-                break
+        records = [r for r in read_jsonl(metrics_path) if isinstance(r, dict)]
+        checkpoint.last_metrics = records[-1] if records else None
     eval_dir = _find(path, EVAL_DIR)
     if eval_dir is not None and eval_dir.is_dir():
         for table in sorted(eval_dir.glob("*.json")):

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import argparse
-import sys
 
 from rotarium.hub.export import DEFAULT_SHARD_SIZE
 
@@ -16,19 +15,11 @@ def _card_options(parser: argparse.ArgumentParser) -> None:
                         help=f"largest safetensors shard, e.g. 500MB (default: {DEFAULT_SHARD_SIZE})")
 
 
-def _fail(command: str, error: Exception) -> int:
-    print(f"rotarium {command}: error: {error}", file=sys.stderr)
-    return 2
-
-
 def run_export(args: argparse.Namespace) -> int:
     from rotarium.hub.export import export_checkpoint
 
-    try:
-        out = export_checkpoint(args.checkpoint, args.out_dir, repo_id=args.repo_id, license=args.license,
-                                datasets=args.datasets, max_shard_size=args.max_shard_size, overwrite=args.overwrite)
-    except ValueError as error:
-        return _fail("export", error)
+    out = export_checkpoint(args.checkpoint, args.out_dir, repo_id=args.repo_id, license=args.license,
+                            datasets=args.datasets, max_shard_size=args.max_shard_size, overwrite=args.overwrite)
     print(f"exported {args.checkpoint} -> {out}")
     return 0
 
@@ -36,12 +27,9 @@ def run_export(args: argparse.Namespace) -> int:
 def run_push(args: argparse.Namespace) -> int:
     from rotarium.hub.push import push_checkpoint
 
-    try:
-        push_checkpoint(args.checkpoint, args.repo_id, private=args.private, revision=args.revision,
-                        dry_run=args.dry_run, commit_message=args.commit_message, license=args.license,
-                        datasets=args.datasets, max_shard_size=args.max_shard_size)
-    except ValueError as error:
-        return _fail("push", error)
+    push_checkpoint(args.checkpoint, args.repo_id, private=args.private, revision=args.revision,
+                    dry_run=args.dry_run, commit_message=args.commit_message, license=args.license,
+                    datasets=args.datasets, max_shard_size=args.max_shard_size)
     return 0
 
 

@@ -8,29 +8,16 @@ a half-written folder, and an existing one is replaced only with ``overwrite=Tru
 """
 from __future__ import annotations
 
-import os
 import shutil
-import tempfile
 from pathlib import Path
 
 from rotarium.hub.card import model_card
 from rotarium.hub.checkpoint import EVAL_DIR, Checkpoint, read_checkpoint
 from rotarium.models import FAMILY_MODELS
-from rotarium.models.remote_code import bundle, write_atomic
+from rotarium.models.remote_code import bundle
+from rotarium.utils.files import write_folder_atomic
 
 DEFAULT_SHARD_SIZE = "5GB"  # the Hub's recommendation: shards small enough to download and resume reliably
-
-
-def _fsync_tree(folder: Path) -> None:
-    for root, _, files in os.walk(folder):
-        for name in files:
-            with open(Path(root) / name, "rb") as f:
-                os.fsync(f.fileno())
-        fd = os.open(root, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
 
 
 def write_export(checkpoint: Checkpoint, folder: Path, *, repo_id: str | None = None, license: str = "mit",
@@ -51,7 +38,7 @@ def write_export(checkpoint: Checkpoint, folder: Path, *, repo_id: str | None = 
             plots.append(f"{EVAL_DIR}/{plot.name}")
     card = model_card(checkpoint, repo=repo_id or str(folder), num_parameters=model.num_parameters(),
                       license=license, datasets=datasets, plots=plots)
-    write_atomic(folder / "README.md", card)
+    (folder / "README.md").write_text(card, encoding="utf-8")
     return sorted(p for p in folder.rglob("*") if p.is_file())
 
 
@@ -73,20 +60,6 @@ def export_checkpoint(checkpoint: str | Path, out_dir: str | Path, *, repo_id: s
     if out.is_dir() and any(out.iterdir()) and not overwrite:
         raise ValueError(f"OUT_DIR {str(out)!r} exists and is not empty; pass overwrite=True (--overwrite) "
                          "to replace it")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.tmp-"))
-    try:
-        write_export(info, tmp, repo_id=repo_id or str(out), license=license, datasets=datasets,
-                     max_shard_size=max_shard_size)
-        _fsync_tree(tmp)
-        old = None
-        if out.exists():
-            old = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.old-"))
-            os.replace(out, old / out.name)
-        os.replace(tmp, out)
-        if old is not None:
-            shutil.rmtree(old)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+    write_folder_atomic(out, lambda folder: write_export(info, folder, repo_id=repo_id or str(out), license=license,
+                                                         datasets=datasets, max_shard_size=max_shard_size))
     return out

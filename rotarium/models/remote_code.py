@@ -23,10 +23,11 @@ from __future__ import annotations
 
 import ast
 import os
-import tempfile
 import warnings
 from pathlib import Path
 from typing import Any
+
+from rotarium.utils.files import write_text_atomic
 
 PACKAGE = "rotarium"
 # What the exported model needs: the model classes and their configs.
@@ -183,28 +184,13 @@ def auto_map(config_class: str, model_class: str, lm_class: str) -> dict[str, st
             "AutoModelForCausalLM": f"{modeling}.{lm_class}"}
 
 
-def write_atomic(path: Path, text: str) -> None:
-    """Writes ``text`` to ``path`` through a synced temporary file in the same folder, then renames it."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
 def write_remote_code(folder: str | os.PathLike) -> list[Path]:
     """Writes the bundle into ``folder``; returns the files written (none when running from a bundle)."""
     if not IN_LIBRARY:
         return []
     written = []
     for name, text in bundle().items():
-        write_atomic(Path(folder) / name, text)
+        write_text_atomic(Path(folder) / name, text)
         written.append(Path(folder) / name)
     return written
 

@@ -5,10 +5,11 @@ import argparse
 import json
 import shlex
 import sys
+from typing import Any
 
 import yaml
 
-from rotarium.cli import int_list
+from rotarium.utils.argtypes import int_list
 
 EPILOG = """\
 tasks (CPU defaults in brackets; --paper switches to the paper setting where it differs):
@@ -104,7 +105,10 @@ def _settings(args: argparse.Namespace, family: str = "transformer", position: s
     from rotarium.synthetic.tasks import TASKS
 
     paper = TASKS[args.task].paper if args.paper else {}
-    pick = lambda name, value: value if value is not None else paper.get(name)  # noqa: E731
+
+    def pick(name: str, value: Any) -> Any:
+        return value if value is not None else paper.get(name)
+
     return RunSettings(
         task=args.task, family=family, position=position, num_layers=args.layers, hidden_size=args.hidden_size,
         num_heads=args.heads, steps=args.steps, batch_size=args.batch_size, lr=args.lr,

@@ -1,7 +1,7 @@
 """Training a small model on a synthetic task, measuring its accuracy, and sweeping families x positional options.
 
 A run is one model trained from scratch on freshly generated batches (a new batch every step, so there is no
-overfitting to a fixed set), with AdamW and the training job's warmup + cosine schedule, then evaluated on held-out
+overfitting to a fixed set), with the training job's AdamW and warmup + cosine schedule, then evaluated on held-out
 batches from another seed at each evaluation length. Accuracy is per scored token (argmax); ``sequence_accuracy`` is
 the share of sequences with every scored token right (for copying, teacher-forced exact match equals greedy
 exact match).
@@ -9,6 +9,7 @@ exact match).
 from __future__ import annotations
 
 import csv
+import io
 import json
 import math
 import os
@@ -21,6 +22,9 @@ import torch
 import torch.nn.functional as F
 
 from rotarium.synthetic.tasks import IGNORE, TASKS, make_batch
+from rotarium.training.config import OptimSection
+from rotarium.training.optim import build_optimizer, clip_norm, set_learning_rate
+from rotarium.utils.files import write_text_atomic
 
 FAMILIES = ("gla", "fox", "deltanet", "transformer")
 POSITIONS = ("nope", "rope", "rove", "selective_rope")
@@ -131,28 +135,24 @@ def train_and_evaluate(settings: RunSettings, progress: bool = True) -> RunResul
     """Trains a fresh model on ``settings.task`` and evaluates it at every evaluation length."""
     from tqdm.auto import tqdm
 
-    from rotarium.training.config import Config
-    from rotarium.training.trainer import lr_multiplier, parameter_groups
-
     s = settings.resolved()
     torch.manual_seed(s.seed)
     model = build_model(s).to(s.device)
-    schedule = Config()  # the training job's schedule: linear warmup (10% of the steps), cosine to 10%
-    schedule.train.max_steps, schedule.optim.warmup_steps = s.steps, max(1, s.steps // 10)
-    optimizer = torch.optim.AdamW(parameter_groups(model, 0.1), lr=s.lr, betas=(0.9, 0.95))
+    # the training job's defaults, with a warmup of a tenth of the steps
+    optim = OptimSection(lr=s.lr, warmup_steps=max(1, s.steps // 10))
+    optimizer = build_optimizer(model, optim)
     generator = torch.Generator().manual_seed(s.seed)
     start, recent = time.perf_counter(), []
     bar = tqdm(range(s.steps), desc=f"{s.task} {s.family} {s.position}", disable=not progress, leave=False,
                dynamic_ncols=True)
     for step in bar:
-        for group in optimizer.param_groups:
-            group["lr"] = s.lr * lr_multiplier(step, schedule)
+        set_learning_rate(optimizer, optim, step, s.steps)
         loss, _ = _loss(model, *_batch(s, s.train_length, generator, train=True))
         if not math.isfinite(float(loss.detach())):
             optimizer.zero_grad(set_to_none=True)  # a diverging small model: skip, as the training job does
             continue
         loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        torch.nn.utils.clip_grad_norm_(model.parameters(), clip_norm(optim))
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         recent = (recent + [float(loss.detach())])[-50:]
@@ -202,12 +202,11 @@ def read_rows(path: str | os.PathLike) -> list[dict[str, Any]]:
 
 def write_rows(rows: list[dict[str, Any]], path: Path) -> None:
     """Atomically (a sweep killed half-way keeps every finished run)."""
-    tmp = path.with_name(f".{path.name}.tmp")
-    with open(tmp, "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=CSV_FIELDS, restval="")
-        writer.writeheader()
-        writer.writerows(rows)
-    tmp.replace(path)
+    text = io.StringIO(newline="")
+    writer = csv.DictWriter(text, fieldnames=CSV_FIELDS, restval="")
+    writer.writeheader()
+    writer.writerows(rows)
+    write_text_atomic(path, text.getvalue())
 
 
 def markdown_table(rows: list[dict[str, Any]], command: str | None = None) -> str:
@@ -323,6 +322,6 @@ def sweep(base: RunSettings, output_dir: str | os.PathLike, *, families: tuple[s
         write_rows(rows, csv_path)
         accuracies = ", ".join(f"{e['length']}: {e['accuracy']:.3f}" for e in result.evaluations)
         tqdm.write(f"{task} {family} {position}: accuracy {accuracies} ({result.train_seconds:.0f} s)")
-    md_path.write_text(markdown_table(rows, command) + "\n")
+    write_text_atomic(md_path, markdown_table(rows, command) + "\n")
     plot(rows, png_path)
     return csv_path, md_path, png_path

@@ -2,27 +2,55 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import json
 import math
+import textwrap
 from pathlib import Path
+from typing import Any
 
-EPILOG = """\
-config keys (override any with --section.key value, e.g. --optim.lr 1e-3 --model.position_encoding rope):
-  model:     family, preset, position_encoding, hidden_size, num_hidden_layers, num_heads, intermediate_size,
-             options.<any model-config field> (e.g. options.rope_theta), init_from, gradient_checkpointing
-  data:      source (embedded | file or folder of .txt/.jsonl/.parquet | Hub dataset), hub_config, split,
-             text_field, streaming, seq_len, validation_fraction, validation_documents, max_validation_tokens
-  tokenizer: name (Hub or local; empty = train a byte-level BPE), vocab_size, train_documents
-  optim:     lr, min_lr_ratio, weight_decay, betas, eps, schedule (cosine | wsd | constant), warmup_steps,
-             decay_fraction, grad_clip
-  train:     batch_size (per process), gradient_accumulation_steps, global_batch_size (derives the
-             accumulation from the number of processes), max_steps, eval_every, eval_batches, save_every, keep_checkpoints, log_every, seed, mixed_precision (auto | no | bf16 | fp16),
-             max_bad_steps, report_to (e.g. [tensorboard]), num_threads
-  eval:      run_after, context_lengths, sample_prompt, sample_tokens
-
+USAGE_NOTES = """\
 With no arguments: the embedded default, a small Selective RoPE GLA trained on the standard library's
-documentation topics (no download), a few minutes on 2 CPU cores. Several processes: accelerate launch
+documentation topics (no download), a few minutes on a CPU. Several processes: accelerate launch
 --num_processes N -m rotarium train ...; FSDP: --config_file from rotarium/configs/accelerate/.
 """
+WIDTH = 118
+
+
+def _show(value: Any) -> str:
+    """A default as it is typed on the command line (values are read as YAML)."""
+    if isinstance(value, str):
+        return json.dumps(value) if " " in value else value
+    return json.dumps(value)
+
+
+def config_help() -> str:
+    """Every config key with its type, default and description, read from the config dataclasses."""
+    from rotarium.training.config import Config, field_types
+
+    sections = []
+    for section in dataclasses.fields(Config):
+        cls = section.default_factory
+        entries = []
+        for f in dataclasses.fields(cls):
+            default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
+            kind = " | ".join("None" if t is type(None) else t.__name__ for t in field_types(cls)[f.name])
+            entries.append((f"{f.name} = {_show(default)} ({kind})", f.metadata.get("help", "")))
+        sections.append((section.name, entries))
+    column = min(42, max(len(name) for _, entries in sections for name, _ in entries))
+    indent = " " * (4 + column + 2)
+    lines = ["config keys (override any with --section.key VALUE, read as YAML: 1e-3, true, [64, 128], null;",
+             "e.g. --optim.lr 1e-3 --model.position_encoding rope):"]
+    for section, entries in sections:
+        lines.append(f"  {section}:")
+        for name, text in entries:
+            wrapped = textwrap.wrap(text, WIDTH - len(indent)) or [""]
+            if len(name) > column:
+                lines.append(f"    {name}")
+            else:
+                lines.append(f"    {name.ljust(column)}  {wrapped.pop(0)}")
+            lines += [indent + part for part in wrapped]
+    return "\n".join(lines) + "\n\n" + USAGE_NOTES
 
 
 def add_commands(subparsers) -> None:
@@ -31,7 +59,7 @@ def add_commands(subparsers) -> None:
     train = subparsers.add_parser(
         "train", help="pretrain or fine-tune a model (the embedded default with no arguments)",
         description="Train a model with accelerate from a recipe or YAML config.",
-        epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+        epilog=config_help(), formatter_class=argparse.RawDescriptionHelpFormatter)
     train.add_argument("--config", default=None,
                        help=f"a recipe name ({', '.join(recipe_names())}) or a YAML file; default: the embedded "
                             "default run")
@@ -48,6 +76,7 @@ def add_commands(subparsers) -> None:
 
 def run_train(args: argparse.Namespace) -> int:
     from rotarium.training.config import load_config, parse_overrides
+    from rotarium.training.run_folder import LOSS_CURVE, METRICS
     from rotarium.training.trainer import Trainer, TrainingDiverged
 
     overrides = parse_overrides(args.overrides)
@@ -74,7 +103,7 @@ def run_train(args: argparse.Namespace) -> int:
     if config.eval.run_after:
         evaluate_and_sample(trainer, result.final_dir)
     print(f"final model: {result.final_dir} (AutoModelForCausalLM.from_pretrained after `import rotarium`); "
-          f"metrics: {run_dir / 'metrics.jsonl'}; loss curve: {run_dir / 'loss_curve.png'}")
+          f"metrics: {run_dir / METRICS}; loss curve: {run_dir / LOSS_CURVE}")
     return 0
 
 
@@ -82,6 +111,7 @@ def evaluate_and_sample(trainer, final_dir: Path) -> None:
     """Perplexity against context length on the held-out documents, and one sample, with the final weights."""
     from rotarium.evaluation.generate import generate_text
     from rotarium.evaluation.perplexity import format_table, perplexity_by_context, save_results, stream_tokens
+    from rotarium.training.run_folder import EVAL
 
     config = trainer.config
     model = trainer.accelerator.unwrap_model(trainer.model).eval()
@@ -91,7 +121,7 @@ def evaluate_and_sample(trainer, final_dir: Path) -> None:
                                  max_tokens=config.data.max_validation_tokens, batch_size=config.train.batch_size)
     print(f"perplexity on the held-out documents against context length (trained at {config.data.seq_len}):")
     print(format_table(rows, config.data.seq_len))
-    save_results(rows, final_dir / "eval", title=f"{trainer.run_dir.name}: validation perplexity",
+    save_results(rows, final_dir / EVAL, title=f"{trainer.run_dir.name}: validation perplexity",
                  train_length=config.data.seq_len)
     sample = generate_text(model, trainer.tokenizer, config.eval.sample_prompt,
                            max_new_tokens=config.eval.sample_tokens, seed=config.train.seed)[0]

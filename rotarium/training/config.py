@@ -4,6 +4,7 @@ by ``--section.key value`` pairs from the command line. Unknown keys and values 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import types
 import typing
 from dataclasses import dataclass, field
@@ -13,88 +14,94 @@ from typing import Any
 
 import yaml
 
+from rotarium.data.config import DEFAULT_SEED, DataSection
+
 
 @dataclass
 class ModelSection:
     """``family`` + ``preset`` (a name of ``rotarium.PRESETS``) or explicit sizes; ``options`` are any further
     model-config fields (positional settings, family fields)."""
-    family: str = "gla"
-    preset: str | None = None
-    position_encoding: str = "selective_rope"
-    hidden_size: int = 256
-    num_hidden_layers: int = 4
-    num_heads: int = 4
-    intermediate_size: int | None = None
-    options: dict = field(default_factory=dict)
-    init_from: str | None = None
-    gradient_checkpointing: bool = False
-
-
-@dataclass
-class DataSection:
-    """``source``: ``embedded`` (the standard library's documentation topics), a local .txt/.jsonl/.json/.parquet
-    file or folder, or a Hub dataset name (read with streaming when ``streaming``)."""
-    source: str = "embedded"
-    hub_config: str | None = None
-    split: str = "train"
-    text_field: str = "text"
-    streaming: bool = False
-    seq_len: int = 128
-    validation_fraction: float = 0.05
-    validation_documents: int = 500  # a streaming source holds out its first documents instead
-    max_validation_tokens: int = 65536
-    shuffle_buffer: int = 10000
+    family: str = field(default="gla", metadata={"help": "gla | fox | deltanet | transformer"})
+    preset: str | None = field(default=None, metadata={
+        "help": "a preset such as gla-370m: its family and sizes replace family, hidden_size, num_hidden_layers, "
+                "num_heads and intermediate_size"})
+    position_encoding: str = field(default="selective_rope", metadata={"help": "nope | rope | rove | selective_rope"})
+    hidden_size: int = field(default=256, metadata={"help": "model width"})
+    num_hidden_layers: int = field(default=4, metadata={"help": "number of blocks"})
+    num_heads: int = field(default=4, metadata={"help": "heads of each token mixer"})
+    intermediate_size: int | None = field(
+        default=None, metadata={"help": "MLP width (default: derived from hidden_size)"})
+    options: dict = field(default_factory=dict, metadata={
+        "help": "further model-config fields, each set as --model.options.<field> VALUE"})
+    init_from: str | None = field(
+        default=None, metadata={"help": "fine-tune this checkpoint folder or Hub id (its tokenizer is used)"})
+    gradient_checkpointing: bool = field(
+        default=False, metadata={"help": "recompute activations in the backward pass to save memory"})
 
 
 @dataclass
 class TokenizerSection:
     """``name``: a Hub tokenizer or local folder; ``None`` trains a byte-level BPE of ``vocab_size`` on the data."""
-    name: str | None = None
-    vocab_size: int = 4096
-    train_documents: int = 100000
+    name: str | None = field(default=None, metadata={
+        "help": "a Hub tokenizer or local folder (default: train a byte-level BPE on the data)"})
+    vocab_size: int = field(default=4096, metadata={"help": "size of the trained BPE"})
+    train_documents: int = field(default=100000, metadata={"help": "documents the BPE is trained on"})
 
 
 @dataclass
 class OptimSection:
-    lr: float = 3e-3
-    min_lr_ratio: float = 0.1
-    weight_decay: float = 0.1
-    betas: list = field(default_factory=lambda: [0.9, 0.95])
-    eps: float = 1e-8
-    schedule: str = "cosine"  # cosine | wsd (warmup-stable-decay) | constant
-    warmup_steps: int = 30
-    decay_fraction: float = 0.2  # wsd only: the last fraction of steps decays linearly
-    grad_clip: float = 1.0
+    """AdamW and its learning-rate schedule (see :mod:`rotarium.training.optim`)."""
+    lr: float = field(default=3e-3, metadata={"help": "peak learning rate"})
+    min_lr_ratio: float = field(default=0.1, metadata={"help": "the learning rate decays to lr * min_lr_ratio"})
+    weight_decay: float = field(
+        default=0.1, metadata={"help": "AdamW weight decay of the matrices (not of norms, biases, embeddings)"})
+    betas: list = field(default_factory=lambda: [0.9, 0.95], metadata={"help": "AdamW betas"})
+    eps: float = field(default=1e-8, metadata={"help": "AdamW epsilon"})
+    schedule: str = field(
+        default="cosine", metadata={"help": "cosine | wsd (warmup-stable-decay) | constant, after the warmup"})
+    warmup_steps: int = field(default=30, metadata={"help": "steps of linear warmup from 0"})
+    decay_fraction: float = field(
+        default=0.2, metadata={"help": "wsd only: the last fraction of the steps decays linearly"})
+    grad_clip: float = field(default=1.0, metadata={"help": "gradient norm clipping (0: off)"})
 
 
 @dataclass
 class TrainSection:
-    batch_size: int = 16  # sequences per process per micro-step
-    gradient_accumulation_steps: int = 1
-    global_batch_size: int | None = None  # sequences per optimizer step; sets the accumulation from the processes
-    max_steps: int = 300
-    eval_every: int = 50
-    eval_batches: int = 8
-    save_every: int = 100
-    keep_checkpoints: int = 2  # the newest complete checkpoints kept; older ones are deleted
-    log_every: int = 10
-    seed: int = 0
-    mixed_precision: str = "auto"  # auto (bf16 on GPUs) | no | bf16 | fp16
-    max_bad_steps: int = 10
-    report_to: list = field(default_factory=list)  # accelerate trackers: tensorboard, wandb
-    num_threads: int | None = None
+    """The loop: batch sizes, length, evaluation and checkpoint intervals, precision, logging."""
+    batch_size: int = field(default=16, metadata={"help": "sequences per process per micro-step"})
+    gradient_accumulation_steps: int = field(
+        default=1, metadata={"help": "micro-steps per optimizer step (without global_batch_size)"})
+    global_batch_size: int | None = field(default=None, metadata={
+        "help": "sequences per optimizer step; sets the accumulation from the number of processes"})
+    max_steps: int = field(default=300, metadata={"help": "optimizer steps"})
+    eval_every: int = field(default=50, metadata={"help": "steps between validation losses"})
+    eval_batches: int = field(default=8, metadata={"help": "validation batches per process"})
+    save_every: int = field(default=100, metadata={"help": "steps between checkpoints"})
+    keep_checkpoints: int = field(
+        default=2, metadata={"help": "the newest complete checkpoints kept; older ones are deleted"})
+    log_every: int = field(default=10, metadata={"help": "steps between logged training losses"})
+    seed: int = field(default=DEFAULT_SEED, metadata={
+        "help": "seed of the weights, the validation split, the data order and the sample"})
+    mixed_precision: str = field(default="auto", metadata={"help": "auto (bf16 on GPUs) | no | bf16 | fp16"})
+    max_bad_steps: int = field(default=10, metadata={"help": "non-finite steps in a row that stop the run"})
+    report_to: list = field(
+        default_factory=list, metadata={"help": "accelerate trackers, e.g. [tensorboard] or [wandb]"})
+    num_threads: int | None = field(default=None, metadata={"help": "torch CPU threads (default: torch's choice)"})
 
 
 @dataclass
 class EvalSection:
-    run_after: bool = True
-    context_lengths: list = field(default_factory=lambda: [64, 128, 256, 512])
-    sample_prompt: str = "The for statement"
-    sample_tokens: int = 48
+    """What ``rotarium train`` evaluates with the final weights."""
+    run_after: bool = field(default=True, metadata={"help": "evaluate and sample once training ends"})
+    context_lengths: list = field(
+        default_factory=lambda: [64, 128, 256, 512], metadata={"help": "context lengths of the perplexity table"})
+    sample_prompt: str = field(default="The for statement", metadata={"help": "prompt of the sample"})
+    sample_tokens: int = field(default=48, metadata={"help": "tokens sampled"})
 
 
 @dataclass
 class Config:
+    """The whole training config, one section per concern; every key is ``section.field``."""
     model: ModelSection = field(default_factory=ModelSection)
     data: DataSection = field(default_factory=DataSection)
     tokenizer: TokenizerSection = field(default_factory=TokenizerSection)
@@ -112,14 +119,18 @@ def recipe_names() -> list[str]:
 
 
 def _allowed(tp: Any) -> tuple[type, ...]:
-    if isinstance(tp, str):
-        tp = eval(tp, vars(typing) | {"dict": dict, "list": list})  # annotations are strings (PEP 563)
     args = typing.get_args(tp) if isinstance(tp, types.UnionType) or typing.get_origin(tp) is typing.Union else (tp,)
     return tuple(typing.get_origin(a) or a for a in args)
 
 
-def _coerce(key: str, value: Any, tp: Any) -> Any:
-    allowed = _allowed(tp)
+@functools.cache
+def field_types(section: type) -> dict[str, tuple[type, ...]]:
+    """The types each field of the config section ``section`` accepts: ``int | None`` -> ``(int, NoneType)``."""
+    hints = typing.get_type_hints(section)
+    return {f.name: _allowed(hints[f.name]) for f in dataclasses.fields(section)}
+
+
+def _coerce(key: str, value: Any, allowed: tuple[type, ...]) -> Any:
     if value is None and type(None) in allowed:
         return None
     if isinstance(value, str) and str not in allowed:
@@ -157,17 +168,18 @@ def _apply(config: Config, key: str, value: Any) -> None:
         return
     if len(parts) > 2:
         raise ValueError(f"unknown config key `{key}`")
-    setattr(section, parts[1], _coerce(key, value, fields[parts[1]].type))
+    setattr(section, parts[1], _coerce(key, value, field_types(type(section))[parts[1]]))
 
 
-def _flatten(data: dict, prefix: str = "") -> dict[str, Any]:
-    out = {}
-    for key, value in data.items():
-        name = f"{prefix}{key}"
-        if isinstance(value, dict) and prefix == "":
-            out.update(_flatten(value, name + "."))
+def flatten(sections: dict[str, Any]) -> dict[str, Any]:
+    """``{"optim": {"lr": 1e-3}}`` -> ``{"optim.lr": 1e-3}``, one level deep (so ``model.options`` stays a
+    mapping); a value that is not a section keeps its key, which :func:`load_config` then reports."""
+    out: dict[str, Any] = {}
+    for key, value in sections.items():
+        if isinstance(value, dict):
+            out.update({f"{key}.{name}": item for name, item in value.items()})
         else:
-            out[name] = value
+            out[key] = value
     return out
 
 
@@ -190,7 +202,7 @@ def load_config(source: str | None = None, overrides: dict[str, Any] | None = No
         data = yaml.safe_load(text) or {}
         if not isinstance(data, dict):
             raise ValueError(f"--config {source!r} must hold a mapping of sections")
-    for key, value in {**_flatten(data), **(overrides or {})}.items():
+    for key, value in {**flatten(data), **(overrides or {})}.items():
         _apply(config, key, value)
     validate(config)
     return config
@@ -205,12 +217,12 @@ def validate(config: Config) -> None:
         raise ValueError(f"unknown preset `model.preset={m.preset}`; choose one of {', '.join(sorted(PRESETS))}")
     if m.family not in CONFIGS:
         raise ValueError(f"unknown `model.family={m.family}`; choose one of {', '.join(CONFIGS)}")
-    for key, value in (("data.seq_len", d.seq_len), ("train.batch_size", t.batch_size),
-                       ("train.max_steps", t.max_steps), ("train.gradient_accumulation_steps",
-                                                          t.gradient_accumulation_steps),
-                       ("train.eval_every", t.eval_every), ("train.save_every", t.save_every),
-                       ("train.log_every", t.log_every),
-                       ("train.keep_checkpoints", t.keep_checkpoints), ("train.max_bad_steps", t.max_bad_steps), ("tokenizer.vocab_size", config.tokenizer.vocab_size)):
+    positive = {"data.seq_len": d.seq_len, "train.batch_size": t.batch_size, "train.max_steps": t.max_steps,
+                "train.gradient_accumulation_steps": t.gradient_accumulation_steps,
+                "train.eval_every": t.eval_every, "train.save_every": t.save_every, "train.log_every": t.log_every,
+                "train.keep_checkpoints": t.keep_checkpoints, "train.max_bad_steps": t.max_bad_steps,
+                "tokenizer.vocab_size": config.tokenizer.vocab_size}
+    for key, value in positive.items():
         if value < 1:
             raise ValueError(f"`{key}` must be a positive integer, got {value}")
     if not 0 < d.validation_fraction < 1:

@@ -81,7 +81,8 @@ def rotarium_command() -> list[str]:
     return [str(script)] if script.exists() else [sys.executable, "-m", "rotarium"]
 
 
-def run_python(script: str, tmp: Path, timeout: int = 300, argv: list[str] | None = None) -> subprocess.CompletedProcess:
+def run_python(script: str, tmp: Path, timeout: int = 300,
+               argv: list[str] | None = None) -> subprocess.CompletedProcess:
     """Runs ``script`` (or the command ``argv``) in a fresh process with the Hub offline and a private
     transformers module cache."""
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_HOME": str(tmp / "hf_home"),

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from rotarium.training.data import embedded_documents
+from rotarium.data.documents import embedded_documents
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -1,7 +1,7 @@
 import pytest
 
+from rotarium.training.build import accumulation_steps
 from rotarium.training.config import Config, load_config, parse_overrides, recipe_names
-from rotarium.training.trainer import accumulation_steps
 
 
 def test_default_is_the_embedded_selective_rope_gla():

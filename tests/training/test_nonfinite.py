@@ -6,7 +6,8 @@ import torch
 
 from rotarium.models.modeling import RotariumForCausalLM
 from rotarium.training.config import load_config
-from rotarium.training.trainer import Trainer, TrainingDiverged, latest_checkpoint
+from rotarium.training.run_folder import latest_checkpoint
+from rotarium.training.trainer import Trainer, TrainingDiverged
 
 from .conftest import TINY
 

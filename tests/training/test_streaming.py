@@ -6,9 +6,10 @@ import signal
 
 import torch
 
-from rotarium.training.config import DataSection
-from rotarium.training.data import StreamingSchedule, embedded_documents, iter_documents
-from rotarium.training.trainer import latest_checkpoint
+from rotarium.data.batches import StreamingSchedule
+from rotarium.data.config import DataSection
+from rotarium.data.documents import embedded_documents, iter_documents
+from rotarium.training.run_folder import latest_checkpoint
 
 from .conftest import cli_args, losses, ok, run_child
 

@@ -6,7 +6,7 @@ import shutil
 import signal
 import sys
 
-from rotarium.training.trainer import COMPLETE, latest_checkpoint
+from rotarium.training.run_folder import COMPLETE, latest_checkpoint
 
 from .conftest import ROOT, cli_args, losses, ok, run_child
 
@@ -77,8 +77,8 @@ def test_kill_while_saving_leaves_no_checkpoint_that_resume_trusts(corpus, refer
 def test_two_processes_see_different_data_and_save_one_checkpoint(corpus, tmp_path):
     run_dir = tmp_path / "ddp"
     launcher = [sys.executable, "-m", "accelerate.commands.launch", "--config_file",
-                str(ROOT / "rotarium/configs/accelerate/ddp_cpu.yaml"), "--num_processes", "2", "--num_cpu_threads_per_process", "1",
-                "-m", "rotarium"]
+                str(ROOT / "rotarium/configs/accelerate/ddp_cpu.yaml"), "--num_processes", "2",
+                "--num_cpu_threads_per_process", "1", "-m", "rotarium"]
     result = run_child(["train", "--output-dir", str(run_dir),
                         *cli_args(corpus, train__max_steps=4, train__save_every=2, train__eval_every=2)],
                        launcher=launcher)

@@ -3,18 +3,10 @@ import json
 import pytest
 import torch
 
-from rotarium.training.config import DataSection
-from rotarium.training.data import (
-    BatchSchedule,
-    PackedSequences,
-    collate,
-    embedded_documents,
-    iter_documents,
-    pack,
-    split_documents,
-    validation_batches,
-)
-from rotarium.training.tokenizer import load_tokenizer, train_bpe
+from rotarium.data.batches import BatchSchedule, PackedSequences, collate, pack, validation_batches
+from rotarium.data.config import DataSection
+from rotarium.data.documents import embedded_documents, iter_documents, split_documents
+from rotarium.data.tokenizer import load_tokenizer, train_bpe
 
 
 def test_embedded_corpus_is_real_english_text():

@@ -1,0 +1,28 @@
+"""The ``data`` section of the training config: where the documents come from and how they are cut."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+# The seed that splits documents into training and validation when a run does not name one (``train.seed``).
+DEFAULT_SEED = 0
+
+
+@dataclass
+class DataSection:
+    """``source``: ``embedded`` (the standard library's documentation topics), a local .txt/.jsonl/.json/.parquet
+    file or folder, or a Hub dataset name (read with streaming when ``streaming``)."""
+    source: str = field(default="embedded", metadata={
+        "help": "embedded (no download) | a .txt/.jsonl/.json/.parquet file or folder | a Hub dataset name"})
+    hub_config: str | None = field(default=None, metadata={"help": "the Hub dataset's configuration (subset)"})
+    split: str = field(default="train", metadata={"help": "the Hub dataset's split"})
+    text_field: str = field(default="text", metadata={"help": "the column holding the text (JSON, Parquet, Hub)"})
+    streaming: bool = field(default=False, metadata={
+        "help": "read the source as a stream instead of tokenising it up front (corpora too large for memory)"})
+    seq_len: int = field(default=128, metadata={"help": "tokens per training sequence"})
+    validation_fraction: float = field(
+        default=0.05, metadata={"help": "share of the documents held out for validation (not streaming)"})
+    validation_documents: int = field(
+        default=500, metadata={"help": "streaming: the first documents of the stream, held out for validation"})
+    max_validation_tokens: int = field(default=65536, metadata={"help": "at most this many held-out tokens are scored"})
+    shuffle_buffer: int = field(
+        default=10000, metadata={"help": "streaming: documents in the shuffle buffer of each pass (1: no shuffle)"})

@@ -1,0 +1,105 @@
+"""Documents: the texts a run trains and validates on, from the embedded corpus, local files or the Hub
+(``datasets``), and the held-out validation documents."""
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterable
+from pathlib import Path
+
+import torch
+
+from rotarium.data.config import DataSection
+
+LOCAL_FORMATS = {".txt": "text", ".text": "text", ".md": "text", ".jsonl": "json", ".json": "json",
+                 ".parquet": "parquet"}
+
+
+def embedded_documents() -> list[str]:
+    """The standard library's documentation topics (``pydoc_data.topics``: English prose and code that every
+    Python installation carries), cut at paragraph boundaries into documents of about 2000 characters."""
+    from pydoc_data.topics import topics
+
+    documents = []
+    for name in sorted(topics):
+        current: list[str] = []
+        for paragraph in topics[name].split("\n\n"):
+            current.append(paragraph)
+            if sum(map(len, current)) > 2000:
+                documents.append("\n\n".join(current).strip())
+                current = []
+        if current and "".join(current).strip():
+            documents.append("\n\n".join(current).strip())
+    return documents
+
+
+def _local_files(source: str) -> tuple[str, list[str]]:
+    path = Path(source)
+    files = sorted(p for p in path.rglob("*") if p.suffix in LOCAL_FORMATS) if path.is_dir() else [path]
+    if not files:
+        raise ValueError(f"`data.source={source}`: no {'/'.join(LOCAL_FORMATS)} files in that folder")
+    kinds = {LOCAL_FORMATS.get(p.suffix) for p in files}
+    if None in kinds or len(kinds) > 1:
+        raise ValueError(f"`data.source={source}`: files must all be one of {', '.join(LOCAL_FORMATS)}")
+    return kinds.pop(), [str(p) for p in files]
+
+
+def iter_documents(cfg: DataSection, *, skip: int = 0, shuffle_seed: int | None = None) -> Iterable[str]:
+    """Every document's text in a fixed order, after the first ``skip``. With ``cfg.streaming`` and a
+    ``shuffle_seed``, a Hub or JSON/Parquet stream is shuffled through a ``shuffle_buffer`` after the skip (so the
+    held-out first documents never reach training). Raises ``ValueError`` for a missing file or text field."""
+    if cfg.source == "embedded":
+        return embedded_documents()[skip:]
+    import datasets
+
+    looks_local = Path(cfg.source).exists() or Path(cfg.source).suffix in LOCAL_FORMATS or cfg.source.startswith(
+        (".", "/", "~"))
+    if looks_local:
+        if not Path(cfg.source).exists():
+            raise ValueError(f"`data.source={cfg.source}`: no such file or folder")
+        kind, files = _local_files(cfg.source)
+        if kind == "text":
+            # One document per file separated by blank lines: a text file is a corpus of paragraphs/articles.
+            return itertools.islice((doc.strip() for f in files
+                                     for doc in Path(f).read_text(encoding="utf-8").split("\n\n\n")
+                                     if doc.strip()), skip, None)
+        try:
+            dataset = datasets.load_dataset(kind, data_files=files, split="train", streaming=cfg.streaming)
+        except Exception as error:  # an empty file raises StopIteration or "corresponds to no data" ValueError
+            if all(not Path(f).read_bytes().strip() for f in files):
+                raise ValueError(f"`data.source={cfg.source}` is empty: no {kind} rows to train on") from error
+            raise ValueError(f"`data.source={cfg.source}` could not be read as {kind}: "
+                             f"{type(error).__name__}: {error}") from error
+    else:
+        try:
+            dataset = datasets.load_dataset(cfg.source, cfg.hub_config, split=cfg.split, streaming=cfg.streaming)
+        except Exception as error:  # datasets raises many types (FileNotFoundError, ConnectionError, ...)
+            raise ValueError(f"`data.source={cfg.source}` is not a local file and could not be opened from the "
+                             f"Hub: {error}") from error
+    columns = dataset.column_names
+    if columns is not None and cfg.text_field not in columns:
+        raise ValueError(f"`data.text_field={cfg.text_field}` is not a column of {cfg.source}; columns: {columns}")
+    if cfg.streaming:
+        dataset = dataset.skip(skip) if skip else dataset
+        if shuffle_seed is not None and cfg.shuffle_buffer > 1:
+            dataset = dataset.shuffle(seed=shuffle_seed, buffer_size=cfg.shuffle_buffer)
+    elif skip:
+        dataset = dataset.select(range(min(skip, len(dataset)), len(dataset)))
+    return (row[cfg.text_field] for row in dataset if row.get(cfg.text_field) and row[cfg.text_field].strip())
+
+
+def split_documents(documents: list[str], fraction: float, seed: int) -> tuple[list[str], list[str]]:
+    """(train, validation): a seeded random ``fraction`` of the documents (at least one) is held out."""
+    if len(documents) < 2:
+        raise ValueError(f"the dataset has {len(documents)} document(s); a validation split needs at least 2")
+    order = torch.randperm(len(documents), generator=torch.Generator().manual_seed(seed + 1)).tolist()
+    n_val = max(1, round(fraction * len(documents)))
+    held = set(order[:n_val])
+    return ([d for i, d in enumerate(documents) if i not in held], [d for i, d in enumerate(documents) if i in held])
+
+
+def held_out_documents(cfg: DataSection, seed: int) -> list[str]:
+    """The documents a run with ``cfg`` and ``seed`` holds out for validation: a stream's first
+    ``validation_documents``, else the seeded ``validation_fraction`` of :func:`split_documents`."""
+    if cfg.streaming:
+        return list(itertools.islice(iter_documents(cfg), cfg.validation_documents))
+    return split_documents(list(iter_documents(cfg)), cfg.validation_fraction, seed)[1]

@@ -1,0 +1,127 @@
+"""What a run is made of, built from its config: the tokenizer, the data (training batches and validation), and
+the model."""
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from rotarium.data.batches import (
+    BatchSchedule,
+    PackedSequences,
+    StreamingSchedule,
+    pack,
+    pack_all,
+    tokenize,
+    validation_batches,
+)
+from rotarium.data.documents import held_out_documents, iter_documents, split_documents
+from rotarium.data.tokenizer import load_tokenizer, train_bpe
+from rotarium.training.config import Config
+from rotarium.training.run_folder import TOKENIZER
+from rotarium.utils.files import write_folder_atomic
+
+
+def build_model(config: Config, tokenizer) -> torch.nn.Module:
+    """A fresh model from ``config.model`` (preset or explicit sizes), or the ``init_from`` checkpoint."""
+    from transformers import AutoModelForCausalLM
+
+    import rotarium  # noqa: F401  (registers the Auto classes)
+    from rotarium.configs.presets import preset_config
+    from rotarium.models.configuration import CONFIGS
+    from rotarium.models.modeling import FAMILY_MODELS
+
+    m = config.model
+    if m.init_from is not None:
+        try:
+            model = AutoModelForCausalLM.from_pretrained(m.init_from)
+        except (OSError, ValueError) as error:
+            raise ValueError(f"`--init-from {m.init_from}` could not be loaded: {error}") from error
+        if len(tokenizer) > model.config.vocab_size:
+            raise ValueError(f"the tokenizer has {len(tokenizer)} tokens but `--init-from {m.init_from}` has a "
+                             f"vocabulary of {model.config.vocab_size}; use the checkpoint's own tokenizer")
+        return model
+    special = {"vocab_size": len(tokenizer), "pad_token_id": tokenizer.pad_token_id,
+               "bos_token_id": tokenizer.bos_token_id, "eos_token_id": tokenizer.eos_token_id,
+               "max_position_embeddings": config.data.seq_len, "position_encoding": m.position_encoding}
+    if m.preset is not None:
+        model_config = preset_config(m.preset, **special, **m.options)
+    else:
+        sizes = {"hidden_size": m.hidden_size, "num_hidden_layers": m.num_hidden_layers, "num_heads": m.num_heads}
+        if m.intermediate_size is not None:
+            sizes["intermediate_size"] = m.intermediate_size
+        try:
+            model_config = CONFIGS[m.family](**sizes, **special, **m.options)
+        except TypeError as error:
+            raise ValueError(f"`model.options`: {error}") from error
+    return FAMILY_MODELS[model_config.family].lm(model_config)
+
+
+def prepare_tokenizer(config: Config, run_dir: Path, documents: list[str] | None, accelerator):
+    """The run's tokenizer: the one saved in the run folder (resume), else ``tokenizer.name``, else the
+    ``init_from`` checkpoint's, else a BPE trained on the training documents by the main process."""
+    saved = run_dir / TOKENIZER
+    # Only the main process looks and writes; the others wait at the barrier whatever it finds.
+    if accelerator.is_main_process and not (saved / "tokenizer_config.json").is_file():
+        name = config.tokenizer.name
+        if name is None and config.model.init_from is not None:
+            name = config.model.init_from
+        if name is not None:
+            tokenizer = load_tokenizer(name)
+        else:
+            if documents is None:
+                documents = list(itertools.islice(iter_documents(config.data, skip=config.data.validation_documents),
+                                                  config.tokenizer.train_documents))
+            tokenizer = train_bpe(documents[:config.tokenizer.train_documents], config.tokenizer.vocab_size)
+        write_folder_atomic(saved, tokenizer.save_pretrained)
+    accelerator.wait_for_everyone()
+    return load_tokenizer(str(saved))
+
+
+@dataclass
+class RunData:
+    train: BatchSchedule | StreamingSchedule
+    validation: list[dict[str, torch.Tensor]]
+    validation_documents: list[str]
+
+
+def accumulation_steps(config: Config, world: int) -> int:
+    """Micro-steps per optimizer step: ``train.global_batch_size / (batch_size * processes)`` when the global batch
+    is given (recipes, so one file serves any number of GPUs), else ``train.gradient_accumulation_steps``."""
+    t = config.train
+    if t.global_batch_size is None:
+        return t.gradient_accumulation_steps
+    per_step = t.batch_size * world
+    if t.global_batch_size % per_step:
+        raise ValueError(f"`train.global_batch_size={t.global_batch_size}` is not a multiple of train.batch_size x "
+                         f"processes = {t.batch_size} x {world}; change one of them")
+    return t.global_batch_size // per_step
+
+
+def prepare_data(config: Config, tokenizer, world: int, rank: int, start_step: int,
+                 documents: list[str] | None) -> RunData:
+    """This process's training batches from ``start_step`` on and its share of the validation batches.
+    ``documents``: the whole corpus when it is already read (not streaming)."""
+    d, t = config.data, config.train
+    accum = accumulation_steps(config, world)
+    max_val_rows = max(1, d.max_validation_tokens // d.seq_len)
+    if d.streaming:
+        held_out = held_out_documents(d, t.seed)
+        val = pack_all(tokenizer, held_out, d.seq_len, "validation")
+
+        def training_stream(epoch: int):
+            documents = iter_documents(d, skip=d.validation_documents, shuffle_seed=t.seed + epoch)
+            return pack(tokenize(tokenizer, documents), d.seq_len, tokenizer.eos_token_id)
+
+        train: BatchSchedule | StreamingSchedule = StreamingSchedule(training_stream, t.batch_size, accum, world,
+                                                                     rank, start_step)
+    else:
+        documents = documents if documents is not None else list(iter_documents(d))
+        train_docs, held_out = split_documents(documents, d.validation_fraction, t.seed)
+        val = pack_all(tokenizer, held_out, d.seq_len, "validation")
+        train = BatchSchedule(pack_all(tokenizer, train_docs, d.seq_len, "training"), t.batch_size, accum, world,
+                              rank, t.seed)
+    val = PackedSequences(val.tokens[:max_val_rows], val.starts[:max_val_rows])
+    return RunData(train, validation_batches(val, t.batch_size, t.eval_batches, world, rank), held_out)

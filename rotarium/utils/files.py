@@ -1,0 +1,104 @@
+"""Writing files and folders so that a reader, or a run killed half-way, never sees a half-written one.
+
+Everything is written beside its target under a hidden name and renamed into place, since a rename within a folder
+is atomic. This module imports the standard library only: exported checkpoints bundle it with the model code.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+T = TypeVar("T")
+
+
+def write_text_atomic(path: str | os.PathLike, text: str) -> None:
+    """Writes ``text`` (as given, no newline translation) to ``path`` through a synced temporary file in the same
+    folder, then renames it over ``path``; on failure the temporary file is removed and ``path`` is untouched."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8", newline="") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def write_json_atomic(path: str | os.PathLike, data: Any) -> None:
+    """``data`` as indented JSON ending with a newline, written with :func:`write_text_atomic`."""
+    write_text_atomic(path, json.dumps(data, indent=2) + "\n")
+
+
+def read_jsonl(path: str | os.PathLike) -> list[Any]:
+    """The records of a JSON Lines file (none when it does not exist), skipping a line a kill cut short."""
+    path = Path(path)
+    if not path.is_file():
+        return []
+    records = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        try:
+            records.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue
+    return records
+
+
+def fsync_tree(folder: str | os.PathLike) -> None:
+    """Flushes every file and folder under ``folder`` to disk, so that a rename after it publishes whole files."""
+    for root, _, files in os.walk(folder):
+        for name in files:
+            with open(Path(root) / name, "rb") as f:
+                os.fsync(f.fileno())
+        fd = os.open(root, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+def replace_folder(finished: str | os.PathLike, target: str | os.PathLike) -> None:
+    """Renames the complete folder ``finished`` to ``target`` (a sibling path).
+
+    An existing ``target`` is first moved into a hidden ``.<name>.old-*`` sibling and deleted only once the new one
+    is in place (and moved back if that rename fails), so a kill at any moment leaves the old or the new folder
+    whole."""
+    finished, target = Path(finished), Path(target)
+    aside = None
+    if target.exists():
+        aside = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{target.name}.old-"))
+        os.replace(target, aside / target.name)
+    try:
+        os.replace(finished, target)
+    except BaseException:
+        if aside is not None:
+            os.replace(aside / target.name, target)
+            aside.rmdir()
+        raise
+    if aside is not None:
+        shutil.rmtree(aside)
+
+
+def write_folder_atomic(target: str | os.PathLike, write: Callable[[Path], T]) -> T:
+    """Calls ``write(folder)`` on a new hidden ``.<name>.tmp-*`` sibling of ``target``, syncs it and puts it in
+    place with :func:`replace_folder`; returns what ``write`` returns. If anything fails the temporary folder is
+    removed and ``target`` is untouched."""
+    target = Path(target)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{target.name}.tmp-"))
+    try:
+        result = write(tmp)
+        fsync_tree(tmp)
+        replace_folder(tmp, target)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return result

@@ -1,0 +1,80 @@
+"""Atomic writing: a target is either its old or its new self, whatever fails, and nothing is left behind."""
+import os
+
+import pytest
+
+from rotarium.utils import files
+from rotarium.utils.files import read_jsonl, write_folder_atomic, write_json_atomic, write_text_atomic
+
+
+def _entries(folder):
+    return sorted(p.name for p in folder.iterdir())
+
+
+def test_text_and_json_replace_the_file_whole(tmp_path):
+    path = tmp_path / "sub" / "a.txt"
+    write_text_atomic(path, "one\r\ntwo\n")
+    assert path.read_bytes() == b"one\r\ntwo\n"  # written as given
+    write_json_atomic(path, {"x": [1, 2]})
+    assert path.read_text() == '{\n  "x": [\n    1,\n    2\n  ]\n}\n'
+    assert _entries(path.parent) == ["a.txt"]
+
+
+def test_a_failed_write_keeps_the_old_file(tmp_path, monkeypatch):
+    path = tmp_path / "a.txt"
+    path.write_text("old")
+
+    def fail(*args):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(files.os, "replace", fail)
+    with pytest.raises(OSError, match="disk full"):
+        write_text_atomic(path, "new")
+    assert path.read_text() == "old" and _entries(tmp_path) == ["a.txt"]
+
+
+def test_folder_is_replaced_whole_or_not_at_all(tmp_path):
+    target = tmp_path / "out"
+    write_folder_atomic(target, lambda folder: (folder / "x").write_text("1"))
+    assert _entries(target) == ["x"]
+
+    def write(folder):
+        (folder / "y").write_text("2")
+        return "done"
+
+    assert write_folder_atomic(target, write) == "done"
+    assert _entries(target) == ["y"] and _entries(tmp_path) == ["out"]
+
+    def broken(folder):
+        (folder / "z").write_text("3")
+        raise RuntimeError("cut short")
+
+    with pytest.raises(RuntimeError, match="cut short"):
+        write_folder_atomic(target, broken)
+    assert _entries(target) == ["y"] and _entries(tmp_path) == ["out"]
+
+
+def test_a_failed_rename_puts_the_old_folder_back(tmp_path, monkeypatch):
+    target = tmp_path / "out"
+    target.mkdir()
+    (target / "keep").write_text("mine")
+    real = os.replace
+    calls = []
+
+    def second_fails(src, dst):
+        calls.append(dst)
+        if len(calls) == 2:  # the new folder's rename, after the old one was moved aside
+            raise OSError("no")
+        return real(src, dst)
+
+    monkeypatch.setattr(files.os, "replace", second_fails)
+    with pytest.raises(OSError):
+        write_folder_atomic(target, lambda folder: (folder / "new").write_text("x"))
+    assert _entries(target) == ["keep"] and _entries(tmp_path) == ["out"]
+
+
+def test_jsonl_skips_a_cut_line(tmp_path):
+    path = tmp_path / "m.jsonl"
+    assert read_jsonl(path) == []
+    path.write_text('{"step": 1}\n{"step": 2}\n{"ste')
+    assert read_jsonl(path) == [{"step": 1}, {"step": 2}]
