@@ -2,9 +2,11 @@
 then every family x positional option end to end (training loss and gradients, packed documents, cached decoding)
 with the ops forced to fla and to PyTorch.
 
-Usage: ``python benchmarks/gpu_check.py [--T 4096] [--repeats 5] [--no-models]``. Exits non-zero when a comparison
-fails. Every line is printed as soon as it is measured, so a run cut short by a time limit still reports what it did.
-CI never runs this (it needs a GPU).
+Usage: ``python benchmarks/gpu_check.py [--T 4096] [--repeats 5] [--ops NAME,...] [--dtypes bf16,fp32]
+[--families gla,...] [--no-models]``. Exits non-zero when a comparison fails. Every line is printed as soon as it is
+measured, so a run cut short by a time limit still reports what it did. On a fresh machine most of the time goes to
+compiling and autotuning fla's Triton kernels, once per kernel and shape, so a short lease is best spent on a chosen
+subset (``--ops``, ``--families``) per call. CI never runs this (it needs a GPU).
 """
 from __future__ import annotations
 
@@ -46,7 +48,7 @@ CASES = {
         ("q", "k", "v", "g_head", "beta", "h0")),
     "parallel_forgetting_attn": (lambda x, be: ops.parallel_forgetting_attn(x["q"], x["k"], x["v"], x["g_head"],
                                                                             backend=be), ("q", "k", "v", "g_head")),
-    "parallel_attn (g=None)": (lambda x, be: ops.parallel_forgetting_attn(x["q"], x["k"], x["v"], backend=be),
+    "parallel_attn": (lambda x, be: ops.parallel_forgetting_attn(x["q"], x["k"], x["v"], backend=be),
                                ("q", "k", "v")),
 }
 
@@ -92,12 +94,12 @@ def report(name: str, errs: dict[str, float], tol: float) -> bool:
     return good
 
 
-def model_checks(tol: float, dev: str = "cuda") -> bool:
+def model_checks(tol: float, families: list[str], dev: str = "cuda") -> bool:
     """Tiny models of every family x positional option under bf16 autocast (how they train on a GPU), ops forced to
     fla and then to PyTorch: loss and gradients of a batch, loss of packed documents, and on the fla path a prefill
     followed by token-by-token decoding against the full forward's logits."""
     ok = True
-    for family in CONFIGS:
+    for family in families:
         for encoding in POSITION_ENCODINGS:
             config = CONFIGS[family](vocab_size=512, hidden_size=256, num_hidden_layers=2, num_heads=4,
                                      intermediate_size=512, position_encoding=encoding, bos_token_id=None,
@@ -148,20 +150,30 @@ def main() -> None:
     parser.add_argument("--T", type=int, default=4096)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--no-models", action="store_true", help="only the ops")
+    parser.add_argument("--ops", default=",".join(CASES), help="comma-separated ops to compare and time (or none)")
+    parser.add_argument("--dtypes", default="bf16,fp32", help="comma-separated op dtypes: bf16, fp32")
+    parser.add_argument("--families", default=",".join(CONFIGS), help="comma-separated model families")
     args = parser.parse_args()
+    chosen = [name for name in args.ops.split(",") if name and name != "none"]
+    unknown = sorted(set(chosen) - set(CASES)) + sorted(set(args.families.split(",")) - set(CONFIGS))
+    dtypes = {"bf16": torch.bfloat16, "fp32": torch.float32}
+    unknown += sorted(set(args.dtypes.split(",")) - set(dtypes))
+    if unknown:
+        parser.error(f"unknown names {unknown}; ops: {list(CASES)}, families: {list(CONFIGS)}, dtypes: {list(dtypes)}")
+    cases = {name: CASES[name] for name in chosen}
     sys.stdout.reconfigure(line_buffering=True)  # a run cut short by its time limit keeps every line it printed
     assert torch.cuda.is_available() and ops.fla_available(), "needs a CUDA GPU with fla and triton"
     import fla
 
     print(f"{torch.cuda.get_device_name()} torch {torch.__version__} fla {getattr(fla, '__version__', '?')}")
     ok = True
-    for dtype in (torch.bfloat16, torch.float32):
+    for dtype in (dtypes[name] for name in args.dtypes.split(",")):
         x = inputs(2, 1000, 4, 64, 64, dtype)  # T not a multiple of 64 on purpose
         print(f"\n## fla vs torch path, dtype {dtype}, B=2 T=1000 H=4 K=V=64 (relative L2 errors)")
         if dtype == torch.float32:
             print("(fla's chunked delta-rule kernels reject float32: rotarium runs its PyTorch path for both sides)")
         tol = 2e-2 if dtype == torch.bfloat16 else 2e-3
-        for name, (fn, grads) in CASES.items():
+        for name, (fn, grads) in cases.items():
             def compare(name=name, fn=fn, grads=grads, x=x, tol=tol):
                 of, sf, gf = run_case(fn, x, grads, "fla")
                 ot, st, gt = run_case(fn, x, grads, "torch")
@@ -181,7 +193,7 @@ def main() -> None:
 
     print(f"\n## fwd+bwd ms, bf16, B=1 T={args.T} H=4 K=V=64")
     x = inputs(1, args.T, 4, 64, 64, torch.bfloat16)
-    for name, (fn, grads) in CASES.items():
+    for name, (fn, grads) in cases.items():
         def timing(name=name, fn=fn, grads=grads):
             samples = time_rounds({backend: lambda backend=backend: run_case(fn, x, grads, backend)
                                    for backend in ("fla", "torch")}, args.repeats)
@@ -192,7 +204,7 @@ def main() -> None:
         ok &= guarded(name, timing)
     if not args.no_models:
         print("\n## models, bf16 autocast, fla vs torch (relative L2 errors; d=256, 2 layers, T=300)")
-        ok &= model_checks(tol=5e-2)
+        ok &= model_checks(tol=5e-2, families=args.families.split(","))
     print(f"\nall comparisons: {verdict(ok)}")
     sys.exit(0 if ok else 1)
 
