@@ -13,13 +13,14 @@ COMMAND_MODULES = (
     "rotarium.training.cli",    # train
     "rotarium.evaluation.cli",  # eval, generate
     "rotarium.hub.cli",         # export, push
+    "rotarium.hub.convert",     # convert
     "rotarium.synthetic.cli",   # synthetic
 )
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="rotarium", description="Train, evaluate, sample from, export and publish "
-                                     "rotarium models, and run the synthetic tasks.")
+    parser = argparse.ArgumentParser(prog="rotarium", description="Train, evaluate, sample from, export, publish and "
+                                     "convert rotarium models, and run the synthetic tasks.")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name in COMMAND_MODULES:
         importlib.import_module(name).add_commands(subparsers)

@@ -10,7 +10,7 @@ from rotarium.layers.block import Block
 from rotarium.layers.conv import ShortConvolution
 from rotarium.layers.linear_attention import DeltaNet, GatedLinearAttention
 from rotarium.layers.mlp import SwiGLU, default_intermediate_size
-from rotarium.layers.norm import RMSNorm
+from rotarium.layers.norm import HeadRMSNorm, RMSNorm
 from rotarium.layers.positional import (
     POSITION_ENCODINGS,
     Encoded,
@@ -37,7 +37,7 @@ def build_mixer(family: str, **kwargs) -> nn.Module:
 
 
 __all__ = [
-    "MIXERS", "POSITION_ENCODINGS", "Block", "DeltaNet", "Encoded", "GatedLinearAttention", "HeadDims",
+    "MIXERS", "POSITION_ENCODINGS", "Block", "DeltaNet", "Encoded", "GatedLinearAttention", "HeadDims", "HeadRMSNorm",
     "PositionalEncoding", "PositionalSettings", "RMSNorm", "SequenceInfo", "ShortConvolution", "SoftmaxAttention",
     "SwiGLU", "build_mixer", "build_positional", "default_intermediate_size",
 ]

@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from rotarium.layers.norm import RMSNorm
+from rotarium.layers.norm import HeadRMSNorm, RMSNorm
 from rotarium.layers.positional import HeadDims, PositionalSettings, build_positional
 from rotarium.layers.sequence import SequenceInfo
 from rotarium.ops import forgetting_attn_with_cache, parallel_forgetting_attn
@@ -20,14 +20,18 @@ from rotarium.ops import forgetting_attn_with_cache, parallel_forgetting_attn
 class SoftmaxAttention(nn.Module):
     """Causal softmax attention with grouped-query heads, an optional FoX forget gate, QK-norm and output gate.
 
+    The QK-norm is an RMSNorm over each head's features, with one weight shared by all heads (Llama-style models,
+    fla's Transformer) or, with ``qk_norm_per_head``, a weight per head (fla's Forgetting Transformer, the FoX
+    paper's "Pro" models); ``qk_norm_eps`` (default ``norm_eps``) matches the epsilon of the model converted.
+
     The cache holds the rotated keys and values (RoVE's values are stored rotated), the cumulative log decay of
     every cached position and the padding mask of the cached keys.
     """
 
     def __init__(self, hidden_size: int, num_heads: int, positional: PositionalSettings,
                  num_kv_heads: int | None = None, head_dim: int | None = None, forget_gate: bool = False,
-                 qk_norm: bool = False, output_gate: bool = False, attention_bias: bool = False,
-                 norm_eps: float = 1e-6):
+                 qk_norm: bool = False, qk_norm_per_head: bool = False, qk_norm_eps: float | None = None,
+                 output_gate: bool = False, attention_bias: bool = False, norm_eps: float = 1e-6):
         super().__init__()
         num_kv_heads = num_kv_heads or num_heads
         if num_heads < 1 or (head_dim is None and hidden_size % num_heads):
@@ -45,9 +49,18 @@ class SoftmaxAttention(nn.Module):
         self.forget_gate, self.qk_norm, self.output_gate = forget_gate, qk_norm, output_gate
         if forget_gate:
             self.fgate_proj = nn.Linear(hidden_size, num_heads, bias=True)
+        if (qk_norm_per_head or qk_norm_eps is not None) and not qk_norm:
+            raise ValueError("`qk_norm_per_head` and `qk_norm_eps` shape the QK-norm: set `qk_norm=True` to use them")
+        if qk_norm_eps is not None and not qk_norm_eps > 0:
+            raise ValueError(f"`qk_norm_eps` must be positive, got {qk_norm_eps!r}")
         if qk_norm:
-            self.q_norm = RMSNorm(self.head_dim, eps=norm_eps)
-            self.k_norm = RMSNorm(self.head_dim, eps=norm_eps)
+            eps = norm_eps if qk_norm_eps is None else qk_norm_eps
+            if qk_norm_per_head:
+                self.q_norm = HeadRMSNorm(num_heads, self.head_dim, eps=eps)
+                self.k_norm = HeadRMSNorm(num_kv_heads, self.head_dim, eps=eps)
+            else:
+                self.q_norm = RMSNorm(self.head_dim, eps=eps)
+                self.k_norm = RMSNorm(self.head_dim, eps=eps)
         if output_gate:
             self.ogate_proj = nn.Linear(hidden_size, num_heads * self.head_dim, bias=False)
         self.positional = build_positional(positional, HeadDims(

@@ -37,6 +37,28 @@ def head_size(name: str, width: int, expand: float, num_heads: int) -> int:
     return int(total) // num_heads
 
 
+def head_sizes(hidden_size: int, num_heads: int, expand_k: float, expand_v: float,
+               head_dim: int | None) -> tuple[int, int]:
+    """``(key head size, value head size)``: from ``expand_k`` / ``expand_v`` times ``hidden_size`` split over the
+    heads, or, given ``head_dim``, ``head_dim`` and ``head_dim * expand_v`` (Gated DeltaNet's sizing, whose heads
+    need not divide the width)."""
+    if num_heads < 1:
+        raise ValueError(f"`num_heads` must be positive, got {num_heads}")
+    if head_dim is None:
+        if hidden_size % num_heads:
+            raise ValueError(f"`num_heads` ({num_heads}) must divide `hidden_size` ({hidden_size}), "
+                             "or give `head_dim` explicitly")
+        return (head_size("expand_k", hidden_size, expand_k, num_heads),
+                head_size("expand_v", hidden_size, expand_v, num_heads))
+    if not isinstance(head_dim, int) or isinstance(head_dim, bool) or head_dim < 1:
+        raise ValueError(f"`head_dim` must be a positive integer, got {head_dim!r}")
+    value = head_dim * expand_v
+    if value != int(value) or value < 1:
+        raise ValueError(f"`expand_v` * head_dim = {expand_v} * {head_dim} = {value} must be a positive integer "
+                         "(with `head_dim`, `expand_v` sizes the value heads relative to the key heads)")
+    return head_dim, int(value)
+
+
 class LinearAttentionMixer(nn.Module):
     """Skeleton shared by GLA and DeltaNet. Subclasses implement ``prepare_qk`` and ``mix``."""
 
@@ -44,13 +66,10 @@ class LinearAttentionMixer(nn.Module):
 
     def __init__(self, hidden_size: int, num_heads: int, expand_k: float, expand_v: float, use_short_conv: bool,
                  conv_size: int, output_gate: bool, mixer_has_decay: bool, positional: PositionalSettings,
-                 norm_eps: float = 1e-6):
+                 norm_eps: float = 1e-6, head_dim: int | None = None):
         super().__init__()
-        if num_heads < 1 or hidden_size % num_heads:
-            raise ValueError(f"`num_heads` ({num_heads}) must divide `hidden_size` ({hidden_size})")
         self.hidden_size, self.num_heads = hidden_size, num_heads
-        self.head_k_dim = head_size("expand_k", hidden_size, expand_k, num_heads)
-        self.head_v_dim = head_size("expand_v", hidden_size, expand_v, num_heads)
+        self.head_k_dim, self.head_v_dim = head_sizes(hidden_size, num_heads, expand_k, expand_v, head_dim)
         key_dim, value_dim = self.head_k_dim * num_heads, self.head_v_dim * num_heads
         self.q_proj = nn.Linear(hidden_size, key_dim, bias=False)
         self.k_proj = nn.Linear(hidden_size, key_dim, bias=False)
@@ -114,9 +133,10 @@ class GatedLinearAttention(LinearAttentionMixer):
 
     def __init__(self, hidden_size: int, num_heads: int, positional: PositionalSettings, expand_k: float = 0.5,
                  expand_v: float = 1.0, use_short_conv: bool = True, conv_size: int = 4,
-                 gate_low_rank_dim: int = 16, gate_logit_normalizer: float = 16.0, norm_eps: float = 1e-6):
+                 gate_low_rank_dim: int = 16, gate_logit_normalizer: float = 16.0, norm_eps: float = 1e-6,
+                 head_dim: int | None = None):
         super().__init__(hidden_size, num_heads, expand_k, expand_v, use_short_conv, conv_size, output_gate=True,
-                         mixer_has_decay=True, positional=positional, norm_eps=norm_eps)
+                         mixer_has_decay=True, positional=positional, norm_eps=norm_eps, head_dim=head_dim)
         self.gate_logit_normalizer = gate_logit_normalizer
         # A rotated feature pair (i, i + R/2) is one complex channel: it must decay as one, or the decay would not
         # commute with the rotation and RoPE would stop depending on relative positions only. The transition is then
@@ -148,10 +168,11 @@ class DeltaNet(LinearAttentionMixer):
 
     def __init__(self, hidden_size: int, num_heads: int, positional: PositionalSettings, expand_k: float = 1.0,
                  expand_v: float = 1.0, use_short_conv: bool = True, conv_size: int = 4,
-                 use_gated_delta: bool = False, use_output_gate: bool = False, norm_eps: float = 1e-6):
+                 use_gated_delta: bool = False, use_output_gate: bool = False, norm_eps: float = 1e-6,
+                 head_dim: int | None = None):
         super().__init__(hidden_size, num_heads, expand_k, expand_v, use_short_conv, conv_size,
                          output_gate=use_output_gate, mixer_has_decay=use_gated_delta, positional=positional,
-                         norm_eps=norm_eps)
+                         norm_eps=norm_eps, head_dim=head_dim)
         self.use_gated_delta = use_gated_delta
         self.b_proj = nn.Linear(hidden_size, num_heads, bias=False)
         if use_gated_delta:

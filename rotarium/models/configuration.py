@@ -211,6 +211,10 @@ class GLAConfig(RotariumConfig):
             Rank of the projection that computes the decay gate.
         gate_logit_normalizer (`float`, *optional*, defaults to 16.0):
             The log decay is `logsigmoid(gate) / gate_logit_normalizer`.
+        head_dim (`int`, *optional*):
+            Size of each key (and query) head. `None`: the heads split `expand_k * hidden_size`. When given,
+            `expand_k` is unused, the value heads have `head_dim * expand_v` features and `num_heads` need not
+            divide `hidden_size`.
         kwargs:
             The shared fields of [`RotariumConfig`].
     """
@@ -219,14 +223,16 @@ class GLAConfig(RotariumConfig):
     family = "gla"
     default_num_heads = 4
     mixer_fields = ("expand_k", "expand_v", "use_short_conv", "conv_size", "gate_low_rank_dim",
-                    "gate_logit_normalizer")
+                    "gate_logit_normalizer", "head_dim")
     presets: ClassVar[dict[str, dict[str, Any]]] = {
         "gla-370m": {"hidden_size": 1024, "num_heads": 4, "expand_k": 0.5, "expand_v": 1.0, "use_short_conv": True},
         "gla-1.3b": {"hidden_size": 2048, "num_heads": 4, "expand_k": 0.5, "expand_v": 1.0, "use_short_conv": True},
     }
 
     def __init__(self, expand_k: float = 0.5, expand_v: float = 1.0, use_short_conv: bool = True, conv_size: int = 4,
-                 gate_low_rank_dim: int = 16, gate_logit_normalizer: float = 16.0, **kwargs):
+                 gate_low_rank_dim: int = 16, gate_logit_normalizer: float = 16.0, head_dim: int | None = None,
+                 **kwargs):
+        self.head_dim = head_dim
         self.expand_k = expand_k
         self.expand_v = expand_v
         self.use_short_conv = use_short_conv
@@ -248,6 +254,11 @@ class FoXConfig(RotariumConfig):
             Size of each head; `None`: `hidden_size // num_heads`.
         qk_norm (`bool`, *optional*, defaults to `False`):
             Whether queries and keys pass through an RMSNorm per head.
+        qk_norm_per_head (`bool`, *optional*, defaults to `False`):
+            Whether that QK-norm has a weight of its own per head (as fla's Forgetting Transformer and the FoX
+            paper's "Pro" models) instead of one weight shared by the heads. Requires `qk_norm`.
+        qk_norm_eps (`float`, *optional*):
+            Epsilon of the QK-norm; `None`: `norm_eps`. Requires `qk_norm`.
         output_gate (`bool`, *optional*, defaults to `False`):
             Whether each head's output is gated by `sigmoid(W x)`.
         attention_bias (`bool`, *optional*, defaults to `False`):
@@ -259,17 +270,21 @@ class FoXConfig(RotariumConfig):
     model_type = "rotarium_fox"
     family = "fox"
     default_num_heads = 16
-    mixer_fields = ("num_kv_heads", "head_dim", "qk_norm", "output_gate", "attention_bias")
+    mixer_fields = ("num_kv_heads", "head_dim", "qk_norm", "qk_norm_per_head", "qk_norm_eps", "output_gate",
+                    "attention_bias")
     presets: ClassVar[dict[str, dict[str, Any]]] = {
         "fox-370m": {"hidden_size": 1024, "num_heads": 16},
         "fox-1.3b": {"hidden_size": 2048, "num_heads": 32},
     }
 
     def __init__(self, num_kv_heads: int | None = None, head_dim: int | None = None, qk_norm: bool = False,
-                 output_gate: bool = False, attention_bias: bool = False, **kwargs):
+                 qk_norm_per_head: bool = False, qk_norm_eps: float | None = None, output_gate: bool = False,
+                 attention_bias: bool = False, **kwargs):
         self.num_kv_heads = num_kv_heads
         self.head_dim = head_dim
         self.qk_norm = qk_norm
+        self.qk_norm_per_head = qk_norm_per_head
+        self.qk_norm_eps = qk_norm_eps
         self.output_gate = output_gate
         self.attention_bias = attention_bias
         super().__init__(**kwargs)
@@ -293,6 +308,10 @@ class DeltaNetConfig(RotariumConfig):
             Whether the state decays as in Gated DeltaNet, `log a = -exp(A_log) * softplus(W_a x + dt_bias)`.
         use_output_gate (`bool`, *optional*, defaults to `False`):
             Whether each head's output is gated by `silu(W x)`.
+        head_dim (`int`, *optional*):
+            Size of each key (and query) head. `None`: the heads split `expand_k * hidden_size`. When given,
+            `expand_k` is unused, the value heads have `head_dim * expand_v` features and `num_heads` need not
+            divide `hidden_size` (Gated DeltaNet's published sizes: 6 heads of 256 at width 1024 or 2048).
         kwargs:
             The shared fields of [`RotariumConfig`].
     """
@@ -300,7 +319,8 @@ class DeltaNetConfig(RotariumConfig):
     model_type = "rotarium_deltanet"
     family = "deltanet"
     default_num_heads = 8
-    mixer_fields = ("expand_k", "expand_v", "use_short_conv", "conv_size", "use_gated_delta", "use_output_gate")
+    mixer_fields = ("expand_k", "expand_v", "use_short_conv", "conv_size", "use_gated_delta", "use_output_gate",
+                    "head_dim")
     presets: ClassVar[dict[str, dict[str, Any]]] = {
         "deltanet-370m": {"hidden_size": 1024, "num_heads": 8, "expand_k": 1.0, "expand_v": 1.0,
                           "use_short_conv": True},
@@ -309,7 +329,9 @@ class DeltaNetConfig(RotariumConfig):
     }
 
     def __init__(self, expand_k: float = 1.0, expand_v: float = 1.0, use_short_conv: bool = True, conv_size: int = 4,
-                 use_gated_delta: bool = False, use_output_gate: bool = False, **kwargs):
+                 use_gated_delta: bool = False, use_output_gate: bool = False, head_dim: int | None = None,
+                 **kwargs):
+        self.head_dim = head_dim
         self.expand_k = expand_k
         self.expand_v = expand_v
         self.use_short_conv = use_short_conv
@@ -330,6 +352,13 @@ class TransformerConfig(RotariumConfig):
             Size of each head; `None`: `hidden_size // num_heads`.
         attention_bias (`bool`, *optional*, defaults to `False`):
             Whether the query, key and value projections have a bias.
+        qk_norm (`bool`, *optional*, defaults to `False`):
+            Whether queries and keys pass through an RMSNorm per head (one weight shared by the heads, as fla's
+            Transformer).
+        qk_norm_per_head (`bool`, *optional*, defaults to `False`):
+            Whether that QK-norm has a weight of its own per head. Requires `qk_norm`.
+        qk_norm_eps (`float`, *optional*):
+            Epsilon of the QK-norm; `None`: `norm_eps`. Requires `qk_norm`.
         position_encoding (`str`, *optional*, defaults to `"rope"`):
             As in [`RotariumConfig`], with RoPE as the default.
         kwargs:
@@ -339,17 +368,21 @@ class TransformerConfig(RotariumConfig):
     model_type = "rotarium_transformer"
     family = "transformer"
     default_num_heads = 16
-    mixer_fields = ("num_kv_heads", "head_dim", "attention_bias")
+    mixer_fields = ("num_kv_heads", "head_dim", "attention_bias", "qk_norm", "qk_norm_per_head", "qk_norm_eps")
     presets: ClassVar[dict[str, dict[str, Any]]] = {
         "transformer-370m": {"hidden_size": 1024, "num_heads": 16, "rope_theta": 10000.0},
         "transformer-1.3b": {"hidden_size": 2048, "num_heads": 32, "rope_theta": 10000.0},
     }
 
     def __init__(self, num_kv_heads: int | None = None, head_dim: int | None = None, attention_bias: bool = False,
+                 qk_norm: bool = False, qk_norm_per_head: bool = False, qk_norm_eps: float | None = None,
                  position_encoding: str = "rope", **kwargs):
         self.num_kv_heads = num_kv_heads
         self.head_dim = head_dim
         self.attention_bias = attention_bias
+        self.qk_norm = qk_norm
+        self.qk_norm_per_head = qk_norm_per_head
+        self.qk_norm_eps = qk_norm_eps
         super().__init__(position_encoding=position_encoding, **kwargs)
 
 

@@ -14,7 +14,7 @@ from torch import nn
 from transformers import GenerationMixin, PreTrainedModel
 from transformers.modeling_outputs import BaseModelOutputWithPast, CausalLMOutputWithPast
 
-from rotarium.layers import Block, RMSNorm, SequenceInfo, ShortConvolution, build_mixer
+from rotarium.layers import Block, HeadRMSNorm, RMSNorm, SequenceInfo, ShortConvolution, build_mixer
 from rotarium.models.cache import RotariumCache
 from rotarium.models.configuration import (
     DeltaNetConfig,
@@ -56,7 +56,7 @@ class RotariumPreTrainedModel(PreTrainedModel):
                 init.zeros_(module.bias)
         elif isinstance(module, nn.Embedding):
             init.normal_(module.weight, mean=0.0, std=std)
-        elif isinstance(module, RMSNorm):
+        elif isinstance(module, (RMSNorm, HeadRMSNorm)):
             init.ones_(module.weight)
         elif isinstance(module, ShortConvolution):
             bound = 1 / math.sqrt(module.kernel_size)

@@ -28,6 +28,50 @@ def test_loss_is_finite_and_every_parameter_gets_a_gradient(family, pe):
     assert torch.allclose(loss, expected, atol=1e-5)
 
 
+# The options that size heads apart from the width (Gated DeltaNet's published 6 heads of 256) and that give the
+# QK-norm its own weights per head and its own epsilon (fla's Forgetting Transformer): with every positional option,
+# they save, load and decode as the defaults do.
+HEAD_OPTIONS = {
+    "gla": {"hidden_size": 30, "num_heads": 3, "head_dim": 8, "expand_v": 1.5},
+    "deltanet": {"hidden_size": 30, "num_heads": 3, "head_dim": 8, "expand_v": 2.0, "use_gated_delta": True,
+                 "use_output_gate": True},
+    "fox": {"qk_norm": True, "qk_norm_per_head": True, "qk_norm_eps": 1e-5, "num_kv_heads": 2},
+    "transformer": {"qk_norm": True, "qk_norm_eps": 1e-5},
+}
+
+
+@pytest.mark.parametrize("family,pe", COMBINATIONS)
+def test_head_dim_and_qk_norm_options_save_and_decode(family, pe, tmp_path):
+    model = tiny_model(family, pe, **HEAD_OPTIONS[family])
+    mixer = model.model.layers[0].mixer
+    if family in ("gla", "deltanet"):
+        assert (mixer.head_k_dim, mixer.head_v_dim) == (8, 12 if family == "gla" else 16)
+    else:
+        assert mixer.q_norm.eps == 1e-5
+        assert mixer.q_norm.weight.shape == ((4, 8) if family == "fox" else (8,))
+    model.save_pretrained(tmp_path)
+    loaded = AutoModelForCausalLM.from_pretrained(tmp_path).eval()
+    ids = torch.randint(0, VOCAB, (2, 30))
+    with torch.no_grad():
+        full = model(ids, use_cache=False).logits
+        assert torch.equal(loaded(ids).logits, full)
+        out = model(ids[:, :11], use_cache=True)
+        cache = out.cache if hasattr(out, "cache") else out.past_key_values
+        logits = [out.logits]
+        for t in range(11, 30):
+            logits.append(model(ids[:, t:t + 1], past_key_values=cache, use_cache=True).logits)
+    assert (torch.cat(logits, 1) - full).abs().max() <= 1e-4
+
+
+def test_per_head_qk_norm_normalises_each_head_with_its_own_weight():
+    norm = rotarium.layers.HeadRMSNorm(3, 4, eps=1e-5)
+    with torch.no_grad():
+        norm.weight.copy_(torch.rand(3, 4) + 0.5)
+    x = torch.randn(2, 5, 3, 4)
+    expected = x / torch.sqrt(x.pow(2).mean(-1, keepdim=True) + 1e-5) * norm.weight
+    torch.testing.assert_close(norm(x), expected)
+
+
 @pytest.mark.parametrize("family,pe", COMBINATIONS)
 def test_save_and_auto_load_give_identical_logits(family, pe, tmp_path):
     model = tiny_model(family, pe)
@@ -210,6 +254,11 @@ def test_presets_have_the_advertised_sizes():
     ("transformer", {"position_encoding": "rove", "head_dim": 7}, "rotary dimension"),
     ("gla", {"selective_rope_spectrum": "x", "position_encoding": "selective_rope"}, "selective_rope_spectrum"),
     ("gla", {"initializer_range": 2.0}, "initializer_range"),
+    ("deltanet", {"head_dim": 0}, "head_dim"),
+    ("gla", {"head_dim": 5, "expand_v": 0.5}, "expand_v"),
+    ("fox", {"qk_norm_eps": 1e-5}, "qk_norm"),
+    ("transformer", {"qk_norm_per_head": True}, "qk_norm"),
+    ("transformer", {"qk_norm": True, "qk_norm_eps": 0.0}, "qk_norm_eps"),
 ])
 def test_invalid_configs_raise_value_errors_naming_the_field(family, overrides, field):
     with pytest.raises(ValueError, match=field):

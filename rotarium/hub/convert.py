@@ -1,0 +1,364 @@
+"""``rotarium convert``: flash-linear-attention (fla) and Llama checkpoints as rotarium folders.
+
+:func:`convert_checkpoint` reads a folder (or a Hub id) holding one of
+
+- an fla model: ``gla`` (GLA), ``delta_net`` (DeltaNet), ``gated_deltanet`` (Gated DeltaNet),
+  ``forgetting_transformer`` (FoX) or fla's ``transformer``, told apart from every other ``transformer`` by its
+  parameter names (``model.embeddings``, ``layers.i.attn.q_proj``);
+- a transformers ``llama`` model,
+
+maps every field of its config to a rotarium config (the fla types with NoPE, as fla computes them; the
+Transformer and Llama with RoPE), renames its parameters to rotarium's and writes a rotarium folder through the
+model's own ``save_pretrained`` (safetensors, ``config.json``, the bundled remote code), with the tokenizer files
+copied. The mapping is exact: an option rotarium cannot express raises a ``ValueError`` naming the field and its
+value instead of converting approximately (docs/design.md §5 describes the mapping).
+
+fla's config is read through fla's own config class where fla is importable, so that its defaults and its ignored
+legacy keys apply exactly as fla reads them; without fla, the defaults of fla 0.6 for the fields read here
+(:data:`FLA_DEFAULTS`) stand in.
+
+Fields ignored on purpose, because they do not change the function the weights compute:
+
+- fla: ``attn_mode`` (the kernel), ``fuse_norm``, ``fuse_swiglu``, ``fuse_cross_entropy``,
+  ``fuse_linear_cross_entropy`` (fused or unfused, the same formulas), ``use_l2warp`` (a training-loss
+  regulariser), ``use_gk`` / ``use_gv`` (read by no fla 0.6 layer; a leftover ``gv`` parameter still raises as an
+  unknown key), DeltaNet's ``use_output_norm`` (fla 0.6 always normalises), FoX's ``elementwise_affine`` (unread by
+  its layer), ``norm_first``, ``share_conv_kernel``, ``rms_norm_eps`` (legacy keys fla 0.6 does not read),
+  ``max_position_embeddings`` of the linear types (copied as metadata);
+- Llama: ``pretraining_tp`` (a sharding of the same matmuls), ``attention_dropout`` (training only);
+- both: ``use_cache`` and the special token ids are copied; ``torch_dtype`` follows the weights.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from rotarium.models import CONFIGS, FAMILY_MODELS
+from rotarium.utils.files import write_folder_atomic
+
+FLA_TYPES = ("gla", "delta_net", "gated_deltanet", "forgetting_transformer", "transformer")
+MODEL_TYPES = (*FLA_TYPES, "llama")
+# The tokenizer and generation files of a checkpoint: copied as they are.
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "tokenizer.model",
+                   "vocab.json", "merges.txt", "added_tokens.json", "generation_config.json")
+SOURCE_PATTERNS = ["*.json", "*.safetensors", "*.bin", "*.model", "*.txt"]
+# fla fixes the epsilon of its QK-norms (its RMSNorm's and GroupNorm's default), whatever `norm_eps` says.
+FLA_QK_NORM_EPS = 1e-5
+# fla 0.6's defaults of the config fields read below, for reading a config where fla is not installed.
+_FLA_SHARED = {"hidden_size": 2048, "num_hidden_layers": 24, "hidden_ratio": 4, "intermediate_size": None,
+               "hidden_act": "swish", "norm_eps": 1e-6, "initializer_range": 0.02, "tie_word_embeddings": False,
+               "use_cache": True, "pad_token_id": None, "bos_token_id": 1, "eos_token_id": 2, "vocab_size": 32000,
+               "attnres_block_size": None}
+_FLA_LINEAR = {**_FLA_SHARED, "max_position_embeddings": 2048, "attn": None}
+_FLA_ATTENTION = {"num_heads": 32, "num_kv_heads": None, "qkv_bias": False, "qk_norm": False, "window_size": None}
+FLA_DEFAULTS: dict[str, dict[str, Any]] = {
+    "gla": {**_FLA_LINEAR, "num_heads": 4, "expand_k": 0.5, "expand_v": 1.0, "num_kv_heads": None,
+            "feature_map": None, "use_short_conv": False, "conv_size": 4, "use_output_gate": True, "clamp_min": None,
+            "elementwise_affine": True},
+    "delta_net": {**_FLA_LINEAR, "num_heads": 16, "expand_k": 1.0, "expand_v": 1.0, "use_gate": False,
+                  "use_short_conv": True, "allow_neg_eigval": False, "conv_size": 4, "use_beta": True,
+                  "qk_norm": "l2", "qk_activation": "silu"},
+    "gated_deltanet": {**_FLA_LINEAR, "num_hidden_layers": 21, "num_heads": 6, "head_dim": 256, "expand_v": 2.0,
+                       "num_v_heads": None, "use_gate": True, "use_short_conv": True, "allow_neg_eigval": False,
+                       "conv_size": 4, "output_gate_activation": "swish"},
+    "forgetting_transformer": {**_FLA_SHARED, **_FLA_ATTENTION, "use_output_gate": False},
+    "transformer": {**_FLA_SHARED, **_FLA_ATTENTION, "max_position_embeddings": 2048, "rope_theta": 10000.0},
+}
+
+
+# --------------------------------------------------------------------------------------------- reading a source
+
+def resolve_source(src: str | os.PathLike) -> Path:
+    """A local folder as it is; anything else is a Hub model id, downloaded (weights, config, tokenizer only)."""
+    path = Path(src)
+    if path.is_dir():
+        return path
+    if path.exists() or str(src).startswith((".", "/")) or str(src).count("/") != 1:
+        raise ValueError(f"{src!r} is neither a folder nor a Hub model id ('namespace/name')")
+    from huggingface_hub import snapshot_download
+
+    return Path(snapshot_download(str(src), allow_patterns=SOURCE_PATTERNS))
+
+
+def load_state_dict(folder: Path) -> dict[str, torch.Tensor]:
+    """Every tensor of the checkpoint in ``folder``: safetensors (single or sharded) or ``pytorch_model*.bin``.
+
+    Only transformers' own file names are read: some repositories also hold the same weights in another layout
+    (e.g. ``consolidated.safetensors``)."""
+    index = folder / "model.safetensors.index.json"
+    if index.is_file():
+        weight_map = json.loads(index.read_text(encoding="utf-8"))["weight_map"]
+        files = [folder / name for name in sorted(set(weight_map.values()))]
+    else:
+        files = [folder / "model.safetensors"] if (folder / "model.safetensors").is_file() else []
+    if files:
+        from safetensors.torch import load_file
+
+        return {name: tensor for file in files for name, tensor in load_file(file).items()}
+    files = sorted(folder.glob("pytorch_model*.bin"))
+    if files:
+        return {name: tensor for file in files for name, tensor in torch.load(file, map_location="cpu",
+                                                                               weights_only=True).items()}
+    raise FileNotFoundError(f"no weights (*.safetensors or pytorch_model*.bin) in {folder}")
+
+
+def is_fla_transformer(state_dict: dict[str, torch.Tensor]) -> bool:
+    """fla's Transformer by its parameter names: fla's embedding and attention names, none of another fla mixer."""
+    names = set(state_dict)
+    others = (".attn.f_proj.", ".attn.gk_proj.", ".attn.b_proj.")
+    return ("model.embeddings.weight" in names and any(".attn.q_proj." in n for n in names)
+            and not any(o in n for n in names for o in others))
+
+
+def fla_config_classes() -> dict[str, type]:
+    """fla's config class of each of :data:`FLA_TYPES`; ``ImportError`` where fla is not installed."""
+    from fla import models as fla_models
+
+    return {"gla": fla_models.GLAConfig, "delta_net": fla_models.DeltaNetConfig,
+            "gated_deltanet": fla_models.GatedDeltaNetConfig,
+            "forgetting_transformer": fla_models.ForgettingTransformerConfig,
+            "transformer": fla_models.TransformerConfig}
+
+
+def read_fla_config(model_type: str, raw: dict[str, Any]) -> Any:
+    """The config as fla reads it: fla's config class where fla is importable, else fla's defaults under ``raw``."""
+    try:
+        classes = fla_config_classes()
+    except ImportError:
+        return argparse.Namespace(**{**FLA_DEFAULTS[model_type], **raw})
+    return classes[model_type].from_dict(raw)
+
+
+# ------------------------------------------------------------------------------------------------- the mapping
+
+def _require(model_type: str, field: str, value: Any, allowed: tuple, why: str) -> None:
+    """Raises unless ``value`` (of source field ``field``) is one of ``allowed``; ``why`` says what would work."""
+    if value not in allowed:
+        raise ValueError(f"cannot convert {model_type} exactly: `{field}` = {value!r} is not expressible in rotarium "
+                         f"({why}); convertible: {' or '.join(repr(a) for a in allowed)}")
+
+
+def fla_intermediate_size(config: Any) -> int:
+    """fla's ``GatedMLP`` width: ``intermediate_size``, else 2/3 of ``hidden_ratio`` (default 4) times the width,
+    rounded up to a multiple of 256."""
+    if config.intermediate_size is not None:
+        return config.intermediate_size
+    width = int(config.hidden_size * (config.hidden_ratio or 4) * 2 / 3)
+    return 256 * ((width + 255) // 256)
+
+
+def _fla_shared(model_type: str, config: Any) -> dict[str, Any]:
+    _require(model_type, "hidden_act", config.hidden_act, ("swish", "silu"), "the feed-forward network is SwiGLU")
+    _require(model_type, "attn", getattr(config, "attn", None), (None,),
+             "no hybrid models with softmax-attention layers")
+    _require(model_type, "attnres_block_size", getattr(config, "attnres_block_size", None), (None,),
+             "no attention residuals")
+    return {"vocab_size": config.vocab_size, "hidden_size": config.hidden_size,
+            "num_hidden_layers": config.num_hidden_layers, "num_heads": config.num_heads,
+            "intermediate_size": fla_intermediate_size(config), "norm_eps": config.norm_eps,
+            "initializer_range": config.initializer_range, "tie_word_embeddings": config.tie_word_embeddings,
+            # FoX's config has no context length: rotarium's default stands
+            "max_position_embeddings": getattr(config, "max_position_embeddings", 2048), "use_cache": config.use_cache,
+            "pad_token_id": config.pad_token_id, "bos_token_id": config.bos_token_id,
+            "eos_token_id": config.eos_token_id}
+
+
+def map_fla_config(model_type: str, config: Any) -> tuple[str, dict[str, Any]]:
+    """``(rotarium family, rotarium config kwargs)`` of an fla config; ``ValueError`` for what cannot map."""
+    kwargs = _fla_shared(model_type, config)
+    if model_type == "gla":
+        _require(model_type, "num_kv_heads", config.num_kv_heads, (None, config.num_heads),
+                 "GLA shares no key, value or gate heads")
+        _require(model_type, "feature_map", config.feature_map, (None,), "GLA applies no feature map to q, k")
+        _require(model_type, "use_output_gate", config.use_output_gate, (True,), "GLA's output is always gated")
+        _require(model_type, "clamp_min", config.clamp_min, (None,), "the decay gate has no floor")
+        return "gla", {**kwargs, "position_encoding": "nope", "expand_k": config.expand_k,
+                       "expand_v": config.expand_v, "use_short_conv": config.use_short_conv,
+                       "conv_size": config.conv_size, "gate_low_rank_dim": 16, "gate_logit_normalizer": 16.0}
+    if model_type in ("delta_net", "gated_deltanet"):
+        _require(model_type, "use_short_conv", config.use_short_conv, (True,),
+                 "without convolutions fla still applies SiLU to q, k, v, rotarium does not")
+        _require(model_type, "allow_neg_eigval", config.allow_neg_eigval, (False,), "beta stays in (0, 1)")
+        common = {**kwargs, "position_encoding": "nope", "use_short_conv": True, "conv_size": config.conv_size,
+                  "use_output_gate": config.use_gate}
+        if model_type == "delta_net":
+            _require(model_type, "use_beta", config.use_beta, (True,), "beta is always sigmoid(W_b x)")
+            _require(model_type, "qk_norm", config.qk_norm, ("l2",), "q and k are L2-normalised")
+            _require(model_type, "qk_activation", config.qk_activation, ("silu",),
+                     "q and k pass through SiLU convolutions")
+            return "deltanet", {**common, "expand_k": config.expand_k, "expand_v": config.expand_v}
+        _require(model_type, "num_v_heads", config.num_v_heads, (None, config.num_heads),
+                 "value heads equal query and key heads")
+        _require(model_type, "output_gate_activation", config.output_gate_activation, ("swish", "silu"),
+                 "the output gate is SiLU")
+        return "deltanet", {**common, "use_gated_delta": True, "head_dim": config.head_dim,
+                            "expand_v": config.expand_v}
+    # the softmax types: no head_dim option in fla, whose heads split the width
+    _require(model_type, "window_size", config.window_size, (None,), "attention is never windowed")
+    attention = {**kwargs, "num_kv_heads": config.num_kv_heads, "attention_bias": config.qkv_bias,
+                 "qk_norm": config.qk_norm}
+    if config.qk_norm:
+        attention["qk_norm_eps"] = FLA_QK_NORM_EPS
+    if model_type == "forgetting_transformer":
+        if config.qk_norm:
+            attention["qk_norm_per_head"] = True
+        return "fox", {**attention, "position_encoding": "nope", "output_gate": config.use_output_gate}
+    if config.rope_theta is None:
+        raise ValueError("cannot convert transformer exactly: `rope_theta` = None is not expressible in rotarium "
+                         "(RoPE needs a base); convertible: a positive number")
+    return "transformer", {**attention, "position_encoding": "rope", "rope_theta": config.rope_theta}
+
+
+def map_llama_config(config: Any) -> tuple[str, dict[str, Any]]:
+    """``("transformer", rotarium config kwargs)`` of a transformers ``LlamaConfig``."""
+    _require("llama", "hidden_act", config.hidden_act, ("silu",), "the feed-forward network is SwiGLU")
+    _require("llama", "attention_bias", config.attention_bias, (False,),
+             "Llama's attention bias includes o_proj, which has none in rotarium")
+    _require("llama", "mlp_bias", config.mlp_bias, (False,), "the feed-forward network has no biases")
+    rope = dict(config.rope_parameters or {})
+    _require("llama", "rope_parameters.rope_type", rope.get("rope_type", "default"), ("default",),
+             "RoPE is unscaled")
+    _require("llama", "rope_parameters.partial_rotary_factor", rope.get("partial_rotary_factor", 1.0), (1.0,),
+             "Llama's rotary dims are the whole head")
+    return "transformer", {
+        "vocab_size": config.vocab_size, "hidden_size": config.hidden_size,
+        "num_hidden_layers": config.num_hidden_layers, "num_heads": config.num_attention_heads,
+        "num_kv_heads": config.num_key_value_heads, "head_dim": config.head_dim,
+        "intermediate_size": config.intermediate_size, "norm_eps": config.rms_norm_eps,
+        "initializer_range": config.initializer_range, "tie_word_embeddings": config.tie_word_embeddings,
+        "max_position_embeddings": config.max_position_embeddings, "use_cache": config.use_cache,
+        "pad_token_id": config.pad_token_id, "bos_token_id": config.bos_token_id,
+        "eos_token_id": config.eos_token_id, "position_encoding": "rope", "rope_theta": rope["rope_theta"]}
+
+
+# fla / Llama parameter names -> rotarium's, applied in order to every key
+FLA_RENAMES = (("model.embeddings.", "model.embed_tokens."), (".attn_norm.", ".mixer_norm."), (".attn.", ".mixer."),
+               ("_conv1d.", "_conv."), (".g_norm_swish_gate.", ".o_norm."), (".g_norm.", ".o_norm."))
+FOX_RENAMES = ((".mixer.f_proj.", ".mixer.fgate_proj."), (".mixer.g_proj.", ".mixer.ogate_proj."))
+LLAMA_RENAMES = ((".self_attn.", ".mixer."), (".input_layernorm.", ".mixer_norm."),
+                 (".post_attention_layernorm.", ".mlp_norm."))
+
+
+def rename_state_dict(model_type: str, state_dict: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The source's tensors under rotarium's names (Llama's rotary ``inv_freq`` buffers dropped: RoPE recomputes
+    them)."""
+    if model_type == "llama":
+        renames = LLAMA_RENAMES
+    else:
+        renames = (*FLA_RENAMES, *(FOX_RENAMES if model_type == "forgetting_transformer" else ()))
+    renamed = {}
+    for name, tensor in state_dict.items():
+        if name.endswith("rotary_emb.inv_freq"):
+            continue
+        for old, new in renames:
+            name = name.replace(old, new)
+        renamed[name] = tensor
+    return renamed
+
+
+def fit_state_dict(model: torch.nn.Module, state_dict: dict[str, torch.Tensor], model_type: str,
+                   config: Any) -> dict[str, torch.Tensor]:
+    """``state_dict`` completed and shaped for ``model``: a tied head and GLA's weightless output norm
+    (``elementwise_affine=False``: a weight of ones) are filled in, per-head QK-norm weights ``[H*D]`` become
+    ``[H, D]``. Any name left over on either side, or a shape that differs, raises ``ValueError``."""
+    expected = model.state_dict()
+    fitted = dict(state_dict)
+    if model.config.tie_word_embeddings:
+        fitted.pop("lm_head.weight", None)
+    for name, target in expected.items():
+        if name in fitted:
+            if fitted[name].shape != target.shape and fitted[name].numel() == target.numel() \
+                    and name.endswith(("q_norm.weight", "k_norm.weight")):
+                fitted[name] = fitted[name].reshape(target.shape)
+        elif name.endswith(".o_norm.weight") and model_type == "gla" and not config.elementwise_affine:
+            fitted[name] = torch.ones_like(target)
+        elif name == "lm_head.weight" and model.config.tie_word_embeddings:
+            fitted[name] = fitted["model.embed_tokens.weight"]
+    unknown = sorted(set(fitted) - set(expected))
+    missing = sorted(set(expected) - set(fitted))
+    if unknown or missing:
+        raise ValueError(f"cannot convert {model_type} exactly: parameters without a rotarium counterpart "
+                         f"{unknown[:8]}, rotarium parameters without a source {missing[:8]}")
+    for name, target in expected.items():
+        if fitted[name].shape != target.shape:
+            raise ValueError(f"cannot convert {model_type}: `{name}` has shape {tuple(fitted[name].shape)}, the "
+                             f"converted config gives {tuple(target.shape)}")
+    return fitted
+
+
+# ------------------------------------------------------------------------------------------------- converting
+
+def source_model_type(folder: Path, raw: dict[str, Any], state_dict: dict[str, torch.Tensor]) -> str:
+    model_type = raw.get("model_type")
+    if model_type not in MODEL_TYPES:
+        raise ValueError(f"cannot convert model_type {model_type!r}: rotarium converts fla's {FLA_TYPES} and "
+                         "transformers' 'llama'")
+    if model_type == "transformer" and not is_fla_transformer(state_dict):
+        raise ValueError(f"{folder} says model_type 'transformer' but its parameters are not fla's Transformer's "
+                         "(model.embeddings, layers.i.attn.q_proj)")
+    return model_type
+
+
+def convert_checkpoint(src: str | os.PathLike, out: str | os.PathLike, overwrite: bool = False) -> Path:
+    """Converts the fla or Llama checkpoint ``src`` (a folder or a Hub model id) into the rotarium folder ``out``,
+    written atomically; returns ``out``. Raises ``ValueError`` naming the field for an option rotarium cannot
+    express, and ``FileExistsError`` when ``out`` is a non-empty folder and ``overwrite`` is off."""
+    out = Path(out)
+    if out.exists() and (not out.is_dir() or any(out.iterdir())) and not overwrite:
+        raise FileExistsError(f"{out} exists and is not empty; pass overwrite=True (--overwrite) to replace it")
+    folder = resolve_source(src)
+    raw = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+    state_dict = load_state_dict(folder)
+    model_type = source_model_type(folder, raw, state_dict)
+    if model_type == "llama":
+        from transformers import LlamaConfig
+
+        source_config = LlamaConfig.from_dict(raw)
+        family, kwargs = map_llama_config(source_config)
+    else:
+        source_config = read_fla_config(model_type, raw)
+        family, kwargs = map_fla_config(model_type, source_config)
+
+    config = CONFIGS[family](**kwargs)
+    model = FAMILY_MODELS[family].lm(config)
+    fitted = fit_state_dict(model, rename_state_dict(model_type, state_dict), model_type, source_config)
+    model.load_state_dict(fitted, strict=True)
+    # The checkpoint keeps the precision its weights were published in.
+    model.to(fitted["model.embed_tokens.weight"].dtype).eval()
+
+    def write(tmp: Path) -> None:
+        model.save_pretrained(tmp)
+        for name in TOKENIZER_FILES:
+            if (folder / name).is_file():
+                shutil.copy2(folder / name, tmp / name)
+
+    write_folder_atomic(out, write)
+    return out
+
+
+# ------------------------------------------------------------------------------------------------------- CLI
+
+def run_convert(args: argparse.Namespace) -> int:
+    out = convert_checkpoint(args.src, args.out, overwrite=args.overwrite)
+    print(f"converted {args.src} -> {out}")
+    return 0
+
+
+def add_commands(subparsers: argparse._SubParsersAction) -> None:
+    """Registers ``rotarium convert SRC OUT``."""
+    convert = subparsers.add_parser(
+        "convert", help="convert an fla or Llama checkpoint into a rotarium folder",
+        description="Convert a flash-linear-attention checkpoint (gla, delta_net, gated_deltanet, "
+                    "forgetting_transformer, transformer) or a transformers llama checkpoint into a rotarium folder "
+                    "(safetensors, config, tokenizer, remote code) that computes the same logits. Options rotarium "
+                    "cannot express are refused with the field named.")
+    convert.add_argument("src", help="local folder or Hugging Face Hub model id of the source checkpoint")
+    convert.add_argument("out", help="rotarium folder to write (must not exist or be empty, unless --overwrite)")
+    convert.add_argument("--overwrite", action="store_true", help="replace OUT if it exists")
+    convert.set_defaults(func=run_convert)
