@@ -5,18 +5,21 @@ import argparse
 import json
 import shlex
 import sys
-from typing import Any
 
 import yaml
 
 from rotarium.utils.argtypes import int_list
 
 EPILOG = """\
-tasks (CPU defaults in brackets; --paper switches to the paper setting where it differs):
+tasks (CPU defaults in brackets):
   mqar     multi-query associative recall [length 64, 8 pairs, vocabulary 64; paper: 512, 64 pairs, 8192]
   copying  copy a string of 26 letters, trained on lengths 2-64, evaluated at 64, 128, 256, 512
   s2       word problem of S2 (parity), 1 layer, trained at length 128, evaluated at 128 and 512
-  a3       word problem of A3 (= Z3), same settings as s2
+  a3       word problem of A3 (= Z3), same settings as s2 (no --paper: the reference has no A3 setting)
+
+--paper takes the Selective RoPE reference's setting of mqar, copying or s2 (model family, depth, width, heads,
+short convolution, Selective RoPE temperature, bias and phase gate, optimiser, lengths), scaled down only in
+steps, batch and width, and prints the scaling; explicit flags win. docs/reference_settings.md maps every option.
 
 examples:
   rotarium synthetic s2 --family transformer --position selective_rope --option selective_rope_decay=false
@@ -60,7 +63,8 @@ def _common(parser: argparse.ArgumentParser) -> None:
                       help="comma-separated evaluation lengths")
     task.add_argument("--num-pairs", type=int, default=None, help="mqar: key-value pairs per sequence")
     task.add_argument("--vocab-size", type=int, default=None, help="mqar: vocabulary size")
-    task.add_argument("--paper", action="store_true", help="the paper's task setting (mqar: 512 tokens, 64 pairs)")
+    task.add_argument("--paper", action="store_true",
+                      help="the Selective RoPE reference's setting of the task, scaled down for a CPU (see below)")
     task.add_argument("--eval-batches", type=int, default=4, help="evaluation batches per length (default 4)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the model and the training batches")
     parser.add_argument("--device", default="cpu", help="cpu, cuda, ... (default cpu)")
@@ -79,7 +83,8 @@ def add_commands(subparsers) -> None:
     tasks = synthetic.add_subparsers(dest="synthetic_command", metavar="TASK")
     for name, spec in TASKS.items():
         run = tasks.add_parser(name, help=spec.description, description=f"One run of {name}: {spec.description}.")
-        run.add_argument("--family", choices=FAMILIES, default="transformer", help="model family")
+        run.add_argument("--family", choices=FAMILIES, default=None,
+                         help="model family (default: transformer; with --paper the reference's)")
         run.add_argument("--position", choices=POSITIONS, default="selective_rope", help="positional option")
         run.add_argument("--json", action="store_true", help="print the result as JSON")
         _common(run)
@@ -100,22 +105,20 @@ def add_commands(subparsers) -> None:
     synthetic.set_defaults(func=lambda args: synthetic.print_help() or 2)
 
 
-def _settings(args: argparse.Namespace, family: str = "transformer", position: str = "selective_rope"):
-    from rotarium.synthetic.runner import RunSettings
-    from rotarium.synthetic.tasks import TASKS
+def _settings(args: argparse.Namespace, family: str | None = None, position: str = "selective_rope"):
+    """The run's settings, unresolved (a sweep resolves each family on its own), after printing what a --paper run
+    scales down or cannot express."""
+    from rotarium.synthetic.runner import RunSettings, paper_scaling
 
-    paper = TASKS[args.task].paper if args.paper else {}
-
-    def pick(name: str, value: Any) -> Any:
-        return value if value is not None else paper.get(name)
-
-    return RunSettings(
+    settings = RunSettings(
         task=args.task, family=family, position=position, num_layers=args.layers, hidden_size=args.hidden_size,
         num_heads=args.heads, steps=args.steps, batch_size=args.batch_size, lr=args.lr,
-        train_length=pick("train_length", args.train_length), eval_lengths=pick("eval_lengths", args.eval_lengths),
-        num_pairs=pick("num_pairs", args.num_pairs), vocab_size=pick("vocab_size", args.vocab_size),
-        eval_batches=args.eval_batches, seed=args.seed, model_options=dict(args.option), device=args.device,
-    ).resolved()
+        train_length=args.train_length, eval_lengths=args.eval_lengths, num_pairs=args.num_pairs,
+        vocab_size=args.vocab_size, eval_batches=args.eval_batches, seed=args.seed, model_options=dict(args.option),
+        device=args.device, paper=args.paper)
+    for line in paper_scaling(settings):  # on stderr, so that --json output stays one JSON line
+        print(f"--paper: {line}", file=sys.stderr)
+    return settings
 
 
 def run_one(args: argparse.Namespace) -> int:
@@ -123,7 +126,7 @@ def run_one(args: argparse.Namespace) -> int:
 
     from rotarium.synthetic.runner import train_and_evaluate
 
-    result = train_and_evaluate(_settings(args, args.family, args.position))
+    result = train_and_evaluate(_settings(args, args.family, args.position).resolved())
     if args.json:
         print(json.dumps({"settings": asdict(result.settings), "train_loss": result.train_loss,
                           "train_seconds": result.train_seconds, "parameters": result.parameters,

@@ -14,7 +14,7 @@ import json
 import math
 import os
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -32,10 +32,12 @@ POSITIONS = ("nope", "rope", "rove", "selective_rope")
 
 @dataclass
 class RunSettings:
-    """Everything a run depends on; ``None`` fields take the task's default (``TASKS[task]``)."""
+    """Everything a run depends on; ``None`` fields take the task's default (``TASKS[task]``), or with ``paper`` the
+    reference's setting of the task (``TASKS[task].paper``) scaled down for a CPU. ``optim_options`` are
+    :class:`~rotarium.training.config.OptimSection` fields over the training job's defaults."""
 
     task: str
-    family: str = "transformer"
+    family: str | None = None  # None: the reference's family with ``paper``, else the Transformer
     position: str = "selective_rope"
     num_layers: int | None = None
     hidden_size: int | None = None
@@ -50,18 +52,41 @@ class RunSettings:
     eval_batches: int = 4
     seed: int = 0
     model_options: dict[str, Any] = field(default_factory=dict)
+    optim_options: dict[str, Any] = field(default_factory=dict)
     device: str = "cpu"
+    paper: bool = False
 
     def resolved(self) -> RunSettings:
-        """A copy with every ``None`` replaced by the task default, checked."""
+        """A copy with every ``None`` replaced by the reference's value (``paper``) or the task default, checked.
+
+        Explicit fields and options win over the reference's. Resolving twice gives the same settings; a sweep
+        resolves each family from the unresolved settings, since the reference's options depend on the family.
+        """
         if self.task not in TASKS:
             raise ValueError(f"unknown task {self.task!r}; choose one of {', '.join(TASKS)}")
-        if self.family not in FAMILIES:
-            raise ValueError(f"unknown --family {self.family!r}; choose one of {', '.join(FAMILIES)}")
-        if self.position not in POSITIONS:
-            raise ValueError(f"unknown --position {self.position!r}; choose one of {', '.join(POSITIONS)}")
         spec = TASKS[self.task]
         values = asdict(self)
+        if self.paper:
+            if spec.paper is None:
+                with_paper = ", ".join(name for name, task in TASKS.items() if task.paper is not None)
+                raise ValueError(f"{self.task} has no reference setting for --paper (tasks with one: {with_paper})")
+            reference = {**spec.paper.run, **spec.paper.cpu}
+            for name, value in reference.items():
+                if values[name] is None:
+                    values[name] = value
+            family_options = spec.paper.family_model.get(values["family"], {})
+            values["model_options"] = {**spec.paper.model, **family_options, **self.model_options}
+            values["optim_options"] = {**spec.paper.optim, **self.optim_options}
+        values["family"] = values["family"] or "transformer"
+        if values["family"] not in FAMILIES:
+            raise ValueError(f"unknown --family {values['family']!r}; choose one of {', '.join(FAMILIES)}")
+        if self.position not in POSITIONS:
+            raise ValueError(f"unknown --position {self.position!r}; choose one of {', '.join(POSITIONS)}")
+        unknown = set(values["optim_options"]) - {f.name for f in fields(OptimSection)} | (
+            set(values["optim_options"]) & {"lr", "warmup_steps"})
+        if unknown:
+            raise ValueError(f"unknown optimiser options {sorted(unknown)}; use OptimSection fields other than lr "
+                             "and warmup_steps (the run sets both)")
         for name in ("num_layers", "hidden_size", "num_heads", "steps", "batch_size", "lr", "train_length",
                      "eval_lengths", "num_pairs", "vocab_size"):
             if values[name] is None:
@@ -74,6 +99,23 @@ class RunSettings:
         if not out.eval_lengths or min(out.eval_lengths) < 1:
             raise ValueError(f"--eval-lengths must be positive integers, got {out.eval_lengths}")
         return out
+
+
+def paper_scaling(settings: RunSettings) -> list[str]:
+    """For a ``paper`` run: every reference value the run does not use (scaled for a CPU, or set explicitly) and
+    every reference setting rotarium cannot express exactly, one line each."""
+    s = settings.resolved()
+    reference = TASKS[s.task].paper
+    if not s.paper or reference is None:
+        return []
+    lines = []
+    for name in dict.fromkeys(("steps", "batch_size", "hidden_size", *reference.run)):
+        ours = getattr(s, name)
+        theirs = reference.run.get(name, "not fixed")
+        if ours != theirs:
+            why = "scaled for a CPU" if reference.cpu.get(name) == ours else "set explicitly"
+            lines.append(f"{name}: reference {theirs}, this run {ours} ({why})")
+    return lines + [f"not exact: {gap}" for gap in reference.gaps]
 
 
 @dataclass
@@ -139,7 +181,7 @@ def train_and_evaluate(settings: RunSettings, progress: bool = True) -> RunResul
     torch.manual_seed(s.seed)
     model = build_model(s).to(s.device)
     # the training job's defaults, with a warmup of a tenth of the steps
-    optim = OptimSection(lr=s.lr, warmup_steps=max(1, s.steps // 10))
+    optim = OptimSection(lr=s.lr, warmup_steps=max(1, s.steps // 10), **s.optim_options)
     optimizer = build_optimizer(model, optim)
     generator = torch.Generator().manual_seed(s.seed)
     start, recent = time.perf_counter(), []
@@ -167,13 +209,15 @@ def train_and_evaluate(settings: RunSettings, progress: bool = True) -> RunResul
 # ----------------------------------------------------------------------------------------------------------- sweep
 CSV_FIELDS = ("task", "family", "position", "eval_length", "accuracy", "sequence_accuracy", "train_length",
               "train_loss", "train_seconds", "steps", "batch_size", "lr", "num_layers", "hidden_size", "num_heads",
-              "parameters", "seed", "model_options", "num_pairs", "vocab_size")
+              "parameters", "seed", "model_options", "num_pairs", "vocab_size", "optim_options")
 
 
 def _task_fields(s: RunSettings) -> dict[str, str]:
     """The settings only one task reads (empty elsewhere)."""
     mqar = s.task == "mqar"
-    return {"num_pairs": str(s.num_pairs) if mqar else "", "vocab_size": str(s.vocab_size) if mqar else ""}
+    # empty when the training job's optimiser is used, so that tables written before the field existed still match
+    return {"num_pairs": str(s.num_pairs) if mqar else "", "vocab_size": str(s.vocab_size) if mqar else "",
+            "optim_options": json.dumps(s.optim_options) if s.optim_options else ""}
 
 
 def result_rows(result: RunResult) -> list[dict[str, Any]]:
@@ -224,6 +268,7 @@ def markdown_table(rows: list[dict[str, Any]], command: str | None = None) -> st
             f"trained at length {train_length} {spec.length_unit}"
             + (f", {first['num_pairs']} key-value pairs, vocabulary {first['vocab_size']}" if first.get("num_pairs")
                else "")
+            + (f"; optimiser {first['optim_options']}" if first.get("optim_options") else "")
             + ". Cells: token accuracy % (sequence accuracy %).", ""]
     positions = [p for p in POSITIONS if any(r["position"] == p for r in rows)]
     for length in sorted({r["eval_length"] for r in rows}):

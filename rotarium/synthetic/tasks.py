@@ -14,6 +14,7 @@ Variable-length batches are right-padded: a causal model never sees the padding 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -98,9 +99,32 @@ def word_problem_batch(batch: int, length: int, group_order: int, generator: tor
 
 
 # ----------------------------------------------------------------------------------------------------------- tasks
+REFERENCE_REPOSITORY = "https://github.com/timurcarstensen/selective-rope"
+
+
+@dataclass(frozen=True)
+class PaperSetting:
+    """A task as the Selective RoPE reference (Movahedi et al., ICLR 2026; its public repository,
+    ``REFERENCE_REPOSITORY``) configures it, in rotarium's names. docs/reference_settings.md maps every option.
+
+    ``run`` holds :class:`~rotarium.synthetic.runner.RunSettings` fields at the reference's values, ``optim``
+    :class:`~rotarium.training.config.OptimSection` fields, ``model`` config fields of every family and
+    ``family_model`` those of one family. ``cpu`` scales steps, batch and width down to what a CPU run affords;
+    ``gaps`` names what rotarium cannot express exactly and what it uses instead.
+    """
+
+    sources: tuple[str, ...]  # the reference's config files, relative to its repository
+    run: dict[str, Any]
+    optim: dict[str, Any]
+    model: dict[str, Any]
+    family_model: dict[str, dict[str, Any]] = field(default_factory=dict)
+    cpu: dict[str, int] = field(default_factory=dict)
+    gaps: tuple[str, ...] = ()
+
+
 @dataclass
 class TaskSpec:
-    """A task with its defaults: what a CPU run in minutes uses, and the paper setting in ``paper``."""
+    """A task with its defaults: what a CPU run in minutes uses, and the reference's setting in ``paper``."""
 
     name: str
     description: str
@@ -115,21 +139,89 @@ class TaskSpec:
     lr: float = 3e-3
     num_pairs: int = 8  # mqar only
     length_unit: str = "tokens"
-    paper: dict = field(default_factory=dict)
+    paper: PaperSetting | None = None
 
+
+# The reference's GLA keeps its key width equal to the model width in every synthetic config (expand_k 1, against
+# 0.5 for language modelling), and its Selective RoPE defaults differ from ours in the activation after the
+# convolution (none), so both are spelled out.
+_REFERENCE_GLA = {"expand_k": 1.0, "expand_v": 1.0}
+# The reference's attention configs (model/attn.yaml of every task) rotate with Selective RoPE and add no decay.
+_REFERENCE_ATTENTION = {"selective_rope_decay": False}
+_REFERENCE_SELECTIVE_ROPE = {"selective_rope_rank": 32, "selective_rope_conv_size": 4,
+                             "selective_rope_activation": None, "selective_rope_spectrum": "rope",
+                             "selective_rope_temperature_base": 500000.0, "selective_rope_tau_max": 1.0,
+                             "selective_rope_learn_temperature": False, "selective_rope_bias": False,
+                             "selective_rope_phase_gate": False, "rope_theta": 500000.0}
 
 TASKS: dict[str, TaskSpec] = {
     "mqar": TaskSpec(
         "mqar", "multi-query associative recall: the value of every queried key", vocab_size=64,
         train_length=64, eval_lengths=[64], num_pairs=8, steps=1500,
-        paper={"train_length": 512, "eval_lengths": [512], "num_pairs": 64, "vocab_size": 8192}),
+        paper=PaperSetting(
+            sources=("configs/mad/mad.yaml", "configs/mad/model/gla.yaml", "configs/mad/trainer/trainer.yaml",
+                     "configs/mad/model/position_embedding/selective_rope.yaml",
+                     "synthetic_tasks/mad/configs/tasks/in-context-recall.yml"),
+            # the paper's MQAR figure: sequences of 512 with 64 key-value pairs; vocabulary as in Zoology
+            run={"family": "gla", "num_layers": 2, "hidden_size": 128, "num_heads": 8, "steps": 20000,
+                 "batch_size": 128, "lr": 5e-4, "train_length": 512, "eval_lengths": [512], "num_pairs": 64,
+                 "vocab_size": 8192},
+            optim={"weight_decay": 0.0, "betas": [0.9, 0.999], "eps": 1e-8, "schedule": "cosine",
+                   "min_lr_ratio": 1e-6 / 5e-4, "grad_clip": 0.0},
+            model={**_REFERENCE_SELECTIVE_ROPE},
+            family_model={"gla": {**_REFERENCE_GLA, "use_short_conv": False, "gate_logit_normalizer": 16.0,
+                                  "gate_low_rank_dim": 16, "norm_eps": 1e-5},
+                          "transformer": _REFERENCE_ATTENTION},
+            cpu={"steps": 1500, "batch_size": 32},
+            gaps=("steps: MAD trains 200 epochs of 12800 sequences with early stopping, here a fixed count",
+                  "a warmup of a tenth of the steps, which MAD does not use",
+                  "MAD's attention config has 16 heads where its GLA has 8; every family gets 8 (--heads 16)",
+                  ("data: our MQAR generator (Zoology's layout) at the paper's length and pairs; MAD's own "
+                   "in-context-recall generator (vocabulary 16, lengths 128-1024) is not reimplemented")))),
     "copying": TaskSpec(
         "copying", "copy a string of 26 letters; trained on lengths 2-64, evaluated on longer strings",
         vocab_size=COPY_ALPHABET + 2, train_length=64, eval_lengths=[64, 128, 256, 512],
-        length_unit="letters"),
+        length_unit="letters",
+        paper=PaperSetting(
+            sources=("configs/copying/copying.yaml", "configs/copying/model/gla.yaml",
+                     "configs/copying/data/data.yaml", "configs/copying/trainer/trainer.yaml",
+                     "configs/copying/model/position_embedding/selective_rope.yaml"),
+            run={"family": "gla", "num_layers": 4, "hidden_size": 512, "num_heads": 16, "steps": 5000,
+                 "batch_size": 256, "lr": 2e-3, "train_length": 64, "eval_lengths": [64, 128, 256, 512]},
+            # "linear" with a tenth of warmup: a linear decay to zero over the rest, which is wsd decaying over 90%
+            optim={"weight_decay": 0.1, "betas": [0.9, 0.999], "eps": 1e-8, "schedule": "wsd",
+                   "decay_fraction": 0.9, "min_lr_ratio": 0.0, "grad_clip": 1.0},
+            model={**_REFERENCE_SELECTIVE_ROPE, "selective_rope_spectrum": "rfa", "selective_rope_tau_max": 0.25,
+                   "selective_rope_bias": True, "selective_rope_phase_gate": True},
+            family_model={"gla": {**_REFERENCE_GLA, "use_short_conv": False},
+                          "transformer": _REFERENCE_ATTENTION},
+            cpu={"steps": 1000, "batch_size": 32, "hidden_size": 128},
+            gaps=(("temp_type rfa with temp_theta 0.9999: the reference's spectrum is tau_max * tan(a_i / 2) / "
+                   "max_i tan(a_i / 2) on a_i = linspace(0, 0.9999 pi, K/2); ours is a frozen random draw"),
+                  ("skip_conv true: the reference replaces the convolution by a fixed first difference (so the "
+                   "angle is not accumulated); ours keeps the learned convolution"),
+                  ("use_gate and use_bias are swept over true and false; --paper takes both true "
+                   "(--option selective_rope_bias=false / selective_rope_phase_gate=false for the others)")))),
     "s2": TaskSpec(
         "s2", "word problem of S2 (parity): the running parity at every position", vocab_size=3,
-        train_length=128, eval_lengths=[128, 512], num_layers=1),
+        train_length=128, eval_lengths=[128, 512], num_layers=1,
+        paper=PaperSetting(
+            sources=("configs/state_tracking/state_tracking.yaml", "configs/state_tracking/model/gla.yaml",
+                     "configs/state_tracking/data/data.yaml", "configs/state_tracking/trainer/trainer.yaml",
+                     "configs/state_tracking/model/position_embedding/selective_rope.yaml"),
+            # data: S2 words of exactly 128 (strict_len), tested at 512, a label at every position (tagging)
+            # no step count: 100 epochs of a generated data set, stopped at 99% validation accuracy
+            run={"family": "gla", "num_layers": 1, "hidden_size": 384, "num_heads": 12, "batch_size": 1024,
+                 "lr": 5e-4, "train_length": 128, "eval_lengths": [128, 512]},
+            optim={"weight_decay": 1e-6, "betas": [0.9, 0.999], "eps": 1e-8, "grad_clip": 0.0},
+            model={**_REFERENCE_SELECTIVE_ROPE, "selective_rope_temperature_base": 1.0,
+                   "selective_rope_bias": True},
+            family_model={"gla": {**_REFERENCE_GLA, "use_short_conv": True},
+                          "transformer": _REFERENCE_ATTENTION},
+            cpu={"steps": 1000, "batch_size": 32},
+            gaps=(("steps and schedule: the reference trains 100 epochs of a generated data set and stops at 99% "
+                   "validation accuracy; the data set's size and the scheduler live in a training script the "
+                   "repository does not include, so a fixed step count with our cosine schedule stands in"),))),
     "a3": TaskSpec(
         "a3", "word problem of A3 (= Z3): the running sum mod 3 at every position", vocab_size=4,
         train_length=128, eval_lengths=[128, 512], num_layers=1),

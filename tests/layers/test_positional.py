@@ -199,3 +199,43 @@ def test_rfa_spectrum_is_deterministic_and_saved():
     b = build_positional(PositionalSettings(position_encoding="selective_rope", selective_rope_spectrum="rfa"), dims)
     assert torch.equal(a.tau, b.tau) and "tau" in a.state_dict()
     assert not a.tau.requires_grad and math.isclose(a.tau.max().item(), a.tau[0].item())
+
+
+# The Selective RoPE options of every configuration of the reference's repository
+# (https://github.com/timurcarstensen/selective-rope, configs/<task>/...; docs/reference_settings.md maps them)
+REFERENCE_SELECTIVE_ROPE = {
+    # state_tracking.yaml: temp_type rope, temp_theta 1.0, temp_max 1.0, use_bias true, use_gate false
+    "state_tracking": {"selective_rope_temperature_base": 1.0, "selective_rope_tau_max": 1.0,
+                       "selective_rope_bias": True, "selective_rope_activation": None},
+    # copying.yaml: temp_type rfa, temp_max 0.25, use_gate and use_bias true (the grid's other corner is the default)
+    "copying": {"selective_rope_spectrum": "rfa", "selective_rope_tau_max": 0.25, "selective_rope_bias": True,
+                "selective_rope_phase_gate": True, "selective_rope_activation": None},
+    # mad: model/position_embedding/selective_rope.yaml as it stands (temp_theta 500000, rank 32, conv_act null)
+    "mad": {"selective_rope_temperature_base": 500000.0, "selective_rope_rank": 32,
+            "selective_rope_activation": None},
+    # language_modeling.yaml: phi_parametrization full-rank, use_gate true (standard), use_bias false, conv_act silu
+    "language_modeling": {"selective_rope_rank": None, "selective_rope_phase_gate": True,
+                          "selective_rope_activation": "silu"},
+    # temp_grad true, the option every config leaves false
+    "learned_temperature": {"selective_rope_learn_temperature": True},
+}
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("config", list(REFERENCE_SELECTIVE_ROPE))
+def test_every_reference_setting_is_accepted_and_runs(family, config):
+    mixer = make_mixer(family, "selective_rope", **REFERENCE_SELECTIVE_ROPE[config])
+    out, _ = run(mixer, torch.randn(2, T, HIDDEN))
+    assert out.shape == (2, T, HIDDEN) and torch.isfinite(out).all()
+
+
+def test_temperature_bases_below_one_are_accepted_and_default_settings_are_unchanged():
+    """Any base > 0 is a spectrum (below 1 the frequencies rise with the pair index); the defaults stay the
+    paper's language-model setting."""
+    settings = PositionalSettings(position_encoding="selective_rope", selective_rope_temperature_base=0.5)
+    settings.validate()
+    enc = build_positional(settings, HeadDims(HIDDEN, 2, 2, 8, 8, True))
+    assert torch.all(enc.tau[1:] > enc.tau[:-1])
+    defaults = PositionalSettings()
+    assert (defaults.selective_rope_temperature_base, defaults.selective_rope_tau_max, defaults.selective_rope_rank,
+            defaults.selective_rope_activation, defaults.selective_rope_spectrum) == (500000.0, 1.0, 32, "silu", "rope")
