@@ -48,8 +48,14 @@ class PositionalSettings:
     selective_rope_phase_gate: bool = False  # omega *= sigmoid(W_p xh + c), one gate per head
     selective_rope_temperature_base: float = 500000.0
     selective_rope_tau_max: float = 1.0
-    selective_rope_spectrum: str = "rope"  # "rope": tau_max * base^(-2i/K); "rfa": frozen random Gaussian
+    # "rope": tau_max * base^(-2i/K); "rfa": tau_max * tan(a_i / 2) / max_i tan(a_i / 2), a_i = i * rfa_theta * pi /
+    # (K/2 - 1), the reference code's random-feature-attention profile
+    selective_rope_spectrum: str = "rope"
+    selective_rope_rfa_theta: float = 0.9999
     selective_rope_learn_temperature: bool = False
+    # The reference code's `skip_conv`: a fixed first difference replaces the learned convolution, so the angle
+    # theta_t is phi_t itself rather than a running sum of learned velocities.
+    selective_rope_skip_conv: bool = False
     selective_rope_decay: bool | None = None  # None: on exactly when the mixer has no decay of its own
 
     @classmethod
@@ -83,6 +89,9 @@ class PositionalSettings:
         if self.selective_rope_temperature_base <= 0:
             raise ValueError(f"`selective_rope_temperature_base` must be > 0 (1.0: every pair at frequency tau_max), "
                              f"got {self.selective_rope_temperature_base}")
+        if not 0 < self.selective_rope_rfa_theta < 1:
+            raise ValueError(f"`selective_rope_rfa_theta` must be in (0, 1) (the \"rfa\" spectrum spans angles up to "
+                             f"rfa_theta * pi), got {self.selective_rope_rfa_theta}")
         if self.selective_rope_tau_max <= 0:
             raise ValueError(f"`selective_rope_tau_max` must be > 0, got {self.selective_rope_tau_max}")
 
@@ -260,6 +269,9 @@ class SelectiveRoPE(PositionalEncoding):
                 "`selective_rope_decay=True` adds a decay to mixers that have none (Transformer, plain DeltaNet); "
                 "this mixer brings its own decay: leave it None or False")
         self.heads, self.pairs = dims.num_kv_heads, dims.head_k_dim // 2
+        if settings.selective_rope_spectrum == "rfa" and self.pairs < 2:
+            raise ValueError("`selective_rope_spectrum=\"rfa\"` spreads the temperatures over the key pairs from 0 up: "
+                             f"it needs a key head size of at least 4, got {dims.head_k_dim}")
         self.group = dims.num_heads // dims.num_kv_heads
         self.chunk = dims.hidden_size // self.heads
         rank, channels = settings.selective_rope_rank, self.heads * self.pairs
@@ -271,7 +283,15 @@ class SelectiveRoPE(PositionalEncoding):
             self.phi_direction = nn.Parameter(torch.empty(self.heads, self.pairs, self.chunk))
             self.phi_gain = nn.Parameter(torch.ones(self.heads, self.pairs))
             nn.init.normal_(self.phi_direction)
-        self.conv = ShortConvolution(channels, settings.selective_rope_conv_size, settings.selective_rope_activation)
+        if settings.selective_rope_skip_conv:
+            # a frozen kernel (-1, 1): the convolution's state and document boundaries serve the difference as well
+            self.conv = ShortConvolution(channels, 2, None)
+            self.conv.weight.requires_grad_(False)
+            with torch.no_grad():
+                self.conv.weight.copy_(self._first_difference(channels))
+        else:
+            self.conv = ShortConvolution(channels, settings.selective_rope_conv_size,
+                                         settings.selective_rope_activation)
         if settings.selective_rope_bias:
             self.omega_bias = nn.Parameter(torch.zeros(channels))
         if settings.selective_rope_phase_gate:
@@ -280,7 +300,7 @@ class SelectiveRoPE(PositionalEncoding):
         if settings.selective_rope_learn_temperature:
             self.tau = nn.Parameter(tau)
         else:
-            self.register_buffer("tau", tau)  # persistent: the "rfa" draw must travel with the checkpoint
+            self.register_buffer("tau", tau)  # persistent: a checkpoint keeps the temperatures it was trained with
         self._adds_decay = (settings.selective_rope_decay if settings.selective_rope_decay is not None
                             else not dims.mixer_has_decay)
         if self._adds_decay:
@@ -288,13 +308,20 @@ class SelectiveRoPE(PositionalEncoding):
             self.reset_decay()
 
     @staticmethod
+    def _first_difference(channels: int) -> torch.Tensor:
+        """The ``[C, 1, 2]`` kernel of ``y_t = x_t - x_{t-1}`` (the newest tap is the last)."""
+        return torch.tensor([-1.0, 1.0]).expand(channels, 1, 2).clone()
+
+    @staticmethod
     def _temperature(settings: PositionalSettings, head_k_dim: int) -> torch.Tensor:
         if settings.selective_rope_spectrum == "rope":
             spectrum = rope_frequencies(head_k_dim, settings.selective_rope_temperature_base)
-        else:  # random Fourier features: a fixed draw, so every process and every reload agree
-            generator = torch.Generator().manual_seed(0)
-            spectrum = torch.randn(head_k_dim // 2, generator=generator, dtype=torch.float64).abs().sort(
-                descending=True).values
+        else:
+            # tan(a/2) rises from 0 and, with rfa_theta < 1, stays finite at the last angle
+            angles = torch.linspace(0.0, settings.selective_rope_rfa_theta * math.pi, head_k_dim // 2,
+                                    dtype=torch.float64)
+            spectrum = torch.tan(angles / 2)
+            spectrum = spectrum / spectrum.max()
         return (settings.selective_rope_tau_max * spectrum).float()
 
     def special_init(self) -> dict[str, torch.Tensor]:
@@ -309,6 +336,8 @@ class SelectiveRoPE(PositionalEncoding):
             values["phi_gain"] = torch.ones(self.heads, self.pairs)
         if self.settings.selective_rope_bias:
             values["omega_bias"] = torch.zeros(self.heads * self.pairs)
+        if self.settings.selective_rope_skip_conv:
+            values["conv.weight"] = self._first_difference(self.heads * self.pairs)
         return values
 
     def reset_decay(self) -> None:

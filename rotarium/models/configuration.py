@@ -84,10 +84,16 @@ class RotariumConfig(PretrainedConfig):
         selective_rope_tau_max (`float`, *optional*, defaults to 1.0):
             The largest temperature, `tau_max`.
         selective_rope_spectrum (`str`, *optional*, defaults to `"rope"`):
-            The temperatures: `"rope"` (geometric, as RoPE's frequencies) or `"rfa"` (a fixed draw of random
-            Fourier features, scaled by `tau_max`).
+            The temperatures: `"rope"` (geometric, as RoPE's frequencies) or `"rfa"` (the reference code's
+            random-feature profile `tau_max * tan(a_i / 2) / max_i tan(a_i / 2)`, `a_i` evenly spaced from 0 to
+            `selective_rope_rfa_theta * pi` over the key pairs).
+        selective_rope_rfa_theta (`float`, *optional*, defaults to 0.9999):
+            Where the `"rfa"` profile ends, as a fraction of pi, in (0, 1).
         selective_rope_learn_temperature (`bool`, *optional*, defaults to `False`):
             Whether the temperatures are trained rather than frozen.
+        selective_rope_skip_conv (`bool`, *optional*, defaults to `False`):
+            Whether a fixed first difference replaces the learned convolution (the reference code's `skip_conv`):
+            the angle is then the projection `phi_t` itself instead of a running sum of learned velocities.
         selective_rope_decay (`bool`, *optional*):
             Whether Selective RoPE adds a per-head decay `logsigmoid(w^T x + b)`. `None`: exactly for the mixers
             without a decay of their own (Transformer, plain DeltaNet); `True` is refused for the others.
@@ -127,7 +133,9 @@ class RotariumConfig(PretrainedConfig):
         selective_rope_temperature_base: float = POSITIONAL_DEFAULTS.selective_rope_temperature_base,
         selective_rope_tau_max: float = POSITIONAL_DEFAULTS.selective_rope_tau_max,
         selective_rope_spectrum: str = POSITIONAL_DEFAULTS.selective_rope_spectrum,
+        selective_rope_rfa_theta: float = POSITIONAL_DEFAULTS.selective_rope_rfa_theta,
         selective_rope_learn_temperature: bool = POSITIONAL_DEFAULTS.selective_rope_learn_temperature,
+        selective_rope_skip_conv: bool = POSITIONAL_DEFAULTS.selective_rope_skip_conv,
         selective_rope_decay: bool | None = POSITIONAL_DEFAULTS.selective_rope_decay,
         **kwargs,
     ):
@@ -151,7 +159,9 @@ class RotariumConfig(PretrainedConfig):
         self.selective_rope_temperature_base = selective_rope_temperature_base
         self.selective_rope_tau_max = selective_rope_tau_max
         self.selective_rope_spectrum = selective_rope_spectrum
+        self.selective_rope_rfa_theta = selective_rope_rfa_theta
         self.selective_rope_learn_temperature = selective_rope_learn_temperature
+        self.selective_rope_skip_conv = selective_rope_skip_conv
         self.selective_rope_decay = selective_rope_decay
         super().__init__(pad_token_id=pad_token_id, bos_token_id=bos_token_id, eos_token_id=eos_token_id,
                          tie_word_embeddings=tie_word_embeddings, **kwargs)

@@ -191,17 +191,14 @@ TASKS: dict[str, TaskSpec] = {
             # "linear" with a tenth of warmup: a linear decay to zero over the rest, which is wsd decaying over 90%
             optim={"weight_decay": 0.1, "betas": [0.9, 0.999], "eps": 1e-8, "schedule": "wsd",
                    "decay_fraction": 0.9, "min_lr_ratio": 0.0, "grad_clip": 1.0},
-            model={**_REFERENCE_SELECTIVE_ROPE, "selective_rope_spectrum": "rfa", "selective_rope_tau_max": 0.25,
-                   "selective_rope_bias": True, "selective_rope_phase_gate": True},
+            model={**_REFERENCE_SELECTIVE_ROPE, "selective_rope_spectrum": "rfa", "selective_rope_rfa_theta": 0.9999,
+                   "selective_rope_tau_max": 0.25, "selective_rope_skip_conv": True, "selective_rope_bias": True,
+                   "selective_rope_phase_gate": True},
             family_model={"gla": {**_REFERENCE_GLA, "use_short_conv": False},
                           "transformer": _REFERENCE_ATTENTION},
             cpu={"steps": 1000, "batch_size": 32, "hidden_size": 128},
-            gaps=(("temp_type rfa with temp_theta 0.9999: the reference's spectrum is tau_max * tan(a_i / 2) / "
-                   "max_i tan(a_i / 2) on a_i = linspace(0, 0.9999 pi, K/2); ours is a frozen random draw"),
-                  ("skip_conv true: the reference replaces the convolution by a fixed first difference (so the "
-                   "angle is not accumulated); ours keeps the learned convolution"),
-                  ("use_gate and use_bias are swept over true and false; --paper takes both true "
-                   "(--option selective_rope_bias=false / selective_rope_phase_gate=false for the others)")))),
+            gaps=(("use_gate and use_bias are swept over true and false; --paper takes both true "
+                   "(--option selective_rope_bias=false / selective_rope_phase_gate=false for the others)"),))),
     "s2": TaskSpec(
         "s2", "word problem of S2 (parity): the running parity at every position", vocab_size=3,
         train_length=128, eval_lengths=[128, 512], num_layers=1,

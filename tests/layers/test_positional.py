@@ -7,6 +7,7 @@ import torch.nn.functional as F
 
 from rotarium.layers import HeadDims, PositionalSettings, SequenceInfo, build_mixer, build_positional
 from rotarium.ops import chunk_gla
+from rotarium.ops.cumsum import segment_cumsum
 from tests.layers.helpers import FAMILIES, HIDDEN, make_mixer, run
 from tests.ops.test_rotary import rotation_matrix
 
@@ -74,7 +75,7 @@ def selective(family_dims: HeadDims, **options) -> torch.nn.Module:
 
 @pytest.mark.parametrize("options", [{}, {"selective_rope_bias": True, "selective_rope_phase_gate": True},
                                      {"selective_rope_rank": None, "selective_rope_activation": None},
-                                     {"selective_rope_spectrum": "rfa"}])
+                                     {"selective_rope_spectrum": "rfa"}, {"selective_rope_skip_conv": True}])
 def test_selective_rope_equals_the_complex_recurrence(options):
     """Linear kernel on rotated q, k == S_t = lambda_t diag(exp(-i tau omega_t)) S_{t-1} + kc_t v_t^T."""
     B, H, K, V = 2, 2, 8, 4
@@ -193,12 +194,38 @@ def test_temperature_base_one_turns_every_pair_at_tau_max():
     assert torch.allclose(enc.tau.float(), torch.full_like(enc.tau.float(), 0.5))
 
 
-def test_rfa_spectrum_is_deterministic_and_saved():
+def test_rfa_spectrum_is_the_reference_tan_profile_and_saved():
+    """tau_i = tau_max * tan(a_i / 2) / max tan, a_i evenly spaced over [0, rfa_theta * pi]: from 0 up to tau_max."""
     dims = HeadDims(HIDDEN, 2, 2, 8, 8, True)
-    a = build_positional(PositionalSettings(position_encoding="selective_rope", selective_rope_spectrum="rfa"), dims)
-    b = build_positional(PositionalSettings(position_encoding="selective_rope", selective_rope_spectrum="rfa"), dims)
-    assert torch.equal(a.tau, b.tau) and "tau" in a.state_dict()
-    assert not a.tau.requires_grad and math.isclose(a.tau.max().item(), a.tau[0].item())
+    settings = PositionalSettings(position_encoding="selective_rope", selective_rope_spectrum="rfa",
+                                  selective_rope_rfa_theta=0.9, selective_rope_tau_max=0.25)
+    enc = build_positional(settings, dims)
+    angles = [i * 0.9 * math.pi / 3 for i in range(4)]
+    expected = [0.25 * math.tan(a / 2) / math.tan(angles[-1] / 2) for a in angles]
+    assert torch.allclose(enc.tau.double(), torch.tensor(expected, dtype=torch.float64), atol=1e-7)
+    assert "tau" in enc.state_dict() and not enc.tau.requires_grad
+
+
+def test_skip_conv_makes_the_angle_the_projection_of_the_current_token():
+    """The reference's skip_conv: omega_t = phi_t - phi_{t-1}, so theta_t = phi_t depends on token t alone, within
+    each packed document, and the first difference stays frozen."""
+    layer = selective(HeadDims(HIDDEN, 2, 2, 8, 4, mixer_has_decay=True), selective_rope_skip_conv=True)
+    assert not layer.conv.weight.requires_grad
+    with torch.no_grad():  # `selective` perturbs every tensor, the frozen difference too
+        layer.conv.weight.copy_(layer.special_init()["conv.weight"])
+    x = torch.randn(1, T, HIDDEN, dtype=torch.float64)
+    changed = x.clone()
+    changed[:, 3] += 1.0
+    cu_seqlens = torch.tensor([0, 5, T])
+
+    def theta(inputs: torch.Tensor) -> torch.Tensor:
+        seq = SequenceInfo.build(inputs, cu_seqlens=cu_seqlens)
+        omega, _, _ = layer.angle_rates(inputs, seq, None)
+        return segment_cumsum(omega, cu_seqlens)
+
+    a, b = theta(x), theta(changed)
+    assert torch.allclose(a[:, :3], b[:, :3]) and torch.allclose(a[:, 4:], b[:, 4:])
+    assert not torch.allclose(a[:, 3], b[:, 3])
 
 
 # The Selective RoPE options of every configuration of the reference's repository
@@ -207,9 +234,11 @@ REFERENCE_SELECTIVE_ROPE = {
     # state_tracking.yaml: temp_type rope, temp_theta 1.0, temp_max 1.0, use_bias true, use_gate false
     "state_tracking": {"selective_rope_temperature_base": 1.0, "selective_rope_tau_max": 1.0,
                        "selective_rope_bias": True, "selective_rope_activation": None},
-    # copying.yaml: temp_type rfa, temp_max 0.25, use_gate and use_bias true (the grid's other corner is the default)
-    "copying": {"selective_rope_spectrum": "rfa", "selective_rope_tau_max": 0.25, "selective_rope_bias": True,
-                "selective_rope_phase_gate": True, "selective_rope_activation": None},
+    # copying.yaml: temp_type rfa, temp_theta 0.9999, temp_max 0.25, skip_conv true, use_gate and use_bias true (the
+    # grid's other corner is the default)
+    "copying": {"selective_rope_spectrum": "rfa", "selective_rope_rfa_theta": 0.9999, "selective_rope_tau_max": 0.25,
+                "selective_rope_skip_conv": True, "selective_rope_bias": True, "selective_rope_phase_gate": True,
+                "selective_rope_activation": None},
     # mad: model/position_embedding/selective_rope.yaml as it stands (temp_theta 500000, rank 32, conv_act null)
     "mad": {"selective_rope_temperature_base": 500000.0, "selective_rope_rank": 32,
             "selective_rope_activation": None},

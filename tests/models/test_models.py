@@ -136,6 +136,26 @@ def test_prefill_then_token_by_token_logits_equal_the_full_forward(family, pe):
 
 
 @pytest.mark.parametrize("family", ["gla", "fox", "deltanet", "transformer"])
+def test_reference_copying_selective_rope_decodes_like_the_full_forward(family):
+    """The reference's copying setting: the "rfa" spectrum and skip_conv, whose first difference is carried by the
+    convolution state across decoding steps and survives the model's initialisation frozen."""
+    model = tiny_model(family, "selective_rope", selective_rope_spectrum="rfa", selective_rope_skip_conv=True,
+                       selective_rope_bias=True, selective_rope_phase_gate=True)
+    convs = [m.conv for m in model.modules() if type(m).__name__ == "SelectiveRoPE"]
+    assert convs and all(not c.weight.requires_grad and c.weight[:, 0].tolist() == [[-1.0, 1.0]] * c.channels
+                         for c in convs)
+    ids = torch.randint(0, VOCAB, (2, 20))
+    with torch.no_grad():
+        full = model(ids, use_cache=False).logits
+        out = model(ids[:, :7], use_cache=True)
+        logits, cache = [out.logits], out.past_key_values
+        for t in range(7, 20):
+            out = model(ids[:, t:t + 1], past_key_values=cache, use_cache=True)
+            logits.append(out.logits)
+    assert (torch.cat(logits, 1) - full).abs().max() <= 1e-4
+
+
+@pytest.mark.parametrize("family", ["gla", "fox", "deltanet", "transformer"])
 @pytest.mark.parametrize("pe", ["rope", "rove"])
 def test_shifting_position_ids_leaves_logits_unchanged(family, pe):
     model = tiny_model(family, pe)

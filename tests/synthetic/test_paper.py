@@ -32,7 +32,8 @@ REFERENCE = {
         "model": {**SELECTIVE_ROPE_DEFAULTS, "selective_rope_temperature_base": 1.0, "selective_rope_bias": True,
                   "use_short_conv": True, "expand_k": 1.0, "expand_v": 1.0},
     },
-    # configs/copying/{copying.yaml (temp_type rfa, temp_max 0.25, use_gate and use_bias swept, lr 2e-3, 5000
+    # configs/copying/{copying.yaml (temp_type rfa, temp_theta 0.9999, temp_max 0.25, skip_conv true, use_gate and
+    # use_bias swept, lr 2e-3, 5000
     # steps), model/gla.yaml (4 layers, hidden 512, 16 heads, use_short_conv false, expand_k/v 1), data/data.yaml
     # (lengths 2-64, evaluated up to 512), trainer/trainer.yaml (batch 256, weight decay 0.1, betas 0.9/0.999,
     # clip 1.0, linear schedule with 10% warmup)}
@@ -41,8 +42,9 @@ REFERENCE = {
                 "batch_size": 256, "lr": 2e-3, "train_length": 64, "eval_lengths": [64, 128, 256, 512]},
         "optim": {"weight_decay": 0.1, "betas": [0.9, 0.999], "eps": 1e-8, "grad_clip": 1.0, "schedule": "wsd",
                   "decay_fraction": 0.9, "min_lr_ratio": 0.0},
-        "model": {**SELECTIVE_ROPE_DEFAULTS, "selective_rope_spectrum": "rfa", "selective_rope_tau_max": 0.25,
-                  "selective_rope_phase_gate": True, "selective_rope_bias": True, "use_short_conv": False,
+        "model": {**SELECTIVE_ROPE_DEFAULTS, "selective_rope_spectrum": "rfa", "selective_rope_rfa_theta": 0.9999,
+                  "selective_rope_tau_max": 0.25, "selective_rope_skip_conv": True, "selective_rope_phase_gate": True,
+                  "selective_rope_bias": True, "use_short_conv": False,
                   "expand_k": 1.0, "expand_v": 1.0},
     },
     # configs/mad/{model/gla.yaml (2 GLA + 2 SwiGLU layers, dim 128, 8 heads, gate_logit_normalizer 16,
@@ -103,7 +105,7 @@ def test_a3_has_no_reference_setting():
 
 @pytest.mark.parametrize("task, short", [
     ("s2", ["--train-length", "8", "--eval-lengths", "8"]),
-    ("copying", ["--train-length", "4", "--eval-lengths", "4", "--hidden-size", "32"]),
+    ("copying", ["--train-length", "4", "--eval-lengths", "4", "--hidden-size", "64"]),  # 16 heads of 4
     ("mqar", ["--train-length", "32", "--num-pairs", "4", "--eval-lengths", "32"]),
 ])
 def test_a_paper_run_starts_and_prints_its_scaling(task, short, capsys):
