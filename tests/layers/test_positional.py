@@ -63,6 +63,33 @@ def test_rove_equals_the_explicit_attentive_convolution():
     assert (out - expected).abs().max() <= 1e-5  # the ops compute in float32
 
 
+def test_rove_on_linear_attention_is_the_attentive_convolution():
+    """RoVE on a decaying linear kernel, built from the paper's equation rather than from our layer:
+    y_i = sum_{j<=i} A_ij R_{j-i} v_j with A_ij = scale * exp(c_i - c_j) * (R_i q_i) . (R_j k_j): each value turns in
+    at its key's position and back out at the query's (Garcia-Castellanos et al., "Rotary Value Embeddings")."""
+    B, H, K, V = 1, 2, 8, 6
+    layer = build_positional(PositionalSettings(position_encoding="rove", rope_theta=50.0),
+                             HeadDims(HIDDEN, H, H, K, V, mixer_has_decay=True))
+    q, k, v = (torch.randn(B, T, H, D, dtype=torch.float64) for D in (K, K, V))
+    log_decay = F.logsigmoid(torch.randn(B, T, H, dtype=torch.float64) + 2)
+    x = torch.randn(B, T, HIDDEN, dtype=torch.float64)
+    enc = layer(q, k, v, x, SequenceInfo.build(x), None)
+    o, _ = chunk_gla(enc.q, enc.k, enc.v, log_decay[..., None].expand(B, T, H, K), backend="torch")
+    ours = enc.restore(o)
+
+    qk_freq = 50.0 ** (-torch.arange(0, K, 2, dtype=torch.float64) / K)
+    v_freq = 50.0 ** (-torch.arange(0, V, 2, dtype=torch.float64) / V)
+    c = log_decay[0].cumsum(0)  # [T, H]
+    expected = torch.zeros(T, H, V, dtype=torch.float64)
+    for h in range(H):
+        for i in range(T):
+            qi = rotation_matrix(i * qk_freq) @ q[0, i, h]
+            for j in range(i + 1):
+                score = K ** -0.5 * torch.exp(c[i, h] - c[j, h]) * (qi @ (rotation_matrix(j * qk_freq) @ k[0, j, h]))
+                expected[i, h] += score * (adjacent_rotation_matrix((j - i) * v_freq) @ v[0, j, h])
+    assert (ours[0].double() - expected).abs().max() <= 1e-5
+
+
 def selective(family_dims: HeadDims, **options) -> torch.nn.Module:
     settings = PositionalSettings(position_encoding="selective_rope", **options)
     torch.manual_seed(1)
