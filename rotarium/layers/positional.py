@@ -42,6 +42,8 @@ class PositionalSettings:
     partial_rotary_factor: float = 1.0
     # Selective RoPE (Movahedi et al., "Selective Rotary Position Embedding", ICLR 2026; docs/design.md §3.4)
     selective_rope_rank: int | None = 32  # None: a per-head weight-normalised full-rank angle projection
+    # With rank None: one gain per head (the reference code's ChunkedLinear) instead of one per head and output pair
+    selective_rope_gain_per_head: bool = False
     selective_rope_conv_size: int = 4
     selective_rope_activation: str | None = "silu"
     selective_rope_bias: bool = False  # omega += exp(b)
@@ -77,6 +79,9 @@ class PositionalSettings:
                 not isinstance(self.selective_rope_rank, int) or self.selective_rope_rank < 1):
             raise ValueError(
                 f"`selective_rope_rank` must be a positive int or None (full rank), got {self.selective_rope_rank!r}")
+        if self.selective_rope_gain_per_head and self.selective_rope_rank is not None:
+            raise ValueError("`selective_rope_gain_per_head` applies to the full-rank map: set `selective_rope_rank` "
+                             f"to None, or leave the gain per pair (got rank {self.selective_rope_rank})")
         if self.selective_rope_activation not in ACTIVATIONS:
             raise ValueError(
                 f"`selective_rope_activation` must be one of {ACTIVATIONS}, got {self.selective_rope_activation!r}")
@@ -281,7 +286,7 @@ class SelectiveRoPE(PositionalEncoding):
         else:
             # weight normalisation by hand: a direction per output row and its gain
             self.phi_direction = nn.Parameter(torch.empty(self.heads, self.pairs, self.chunk))
-            self.phi_gain = nn.Parameter(torch.ones(self.heads, self.pairs))
+            self.phi_gain = nn.Parameter(torch.ones(self._gain_shape()))
             nn.init.normal_(self.phi_direction)
         if settings.selective_rope_skip_conv:
             # a frozen kernel (-1, 1): the convolution's state and document boundaries serve the difference as well
@@ -306,6 +311,9 @@ class SelectiveRoPE(PositionalEncoding):
         if self._adds_decay:
             self.decay_proj = nn.Linear(dims.hidden_size, dims.num_heads, bias=True)
             self.reset_decay()
+
+    def _gain_shape(self) -> tuple[int, int]:
+        return (self.heads, 1) if self.settings.selective_rope_gain_per_head else (self.heads, self.pairs)
 
     @staticmethod
     def _first_difference(channels: int) -> torch.Tensor:
@@ -333,7 +341,7 @@ class SelectiveRoPE(PositionalEncoding):
             keep = torch.exp(-math.log(2) / half_lives)
             values["decay_proj.bias"] = torch.log(keep / (1 - keep)).float()
         if self.settings.selective_rope_rank is None:
-            values["phi_gain"] = torch.ones(self.heads, self.pairs)
+            values["phi_gain"] = torch.ones(self._gain_shape())
         if self.settings.selective_rope_bias:
             values["omega_bias"] = torch.zeros(self.heads * self.pairs)
         if self.settings.selective_rope_skip_conv:

@@ -70,6 +70,9 @@ class RotariumConfig(PretrainedConfig):
         selective_rope_rank (`int`, *optional*, defaults to 32):
             Rank of Selective RoPE's angle projection `W_2 W_1`. `None`: a full-rank projection per head, with
             weight normalisation.
+        selective_rope_gain_per_head (`bool`, *optional*, defaults to `False`):
+            With `selective_rope_rank=None`: one gain per head for the weight-normalised map (the reference code's
+            full-rank parametrisation) instead of one per head and output pair.
         selective_rope_conv_size (`int`, *optional*, defaults to 4):
             Kernel size of the causal depthwise convolution over the projected angles.
         selective_rope_activation (`str`, *optional*, defaults to `"silu"`):
@@ -126,6 +129,7 @@ class RotariumConfig(PretrainedConfig):
         rope_theta: float = POSITIONAL_DEFAULTS.rope_theta,
         partial_rotary_factor: float = POSITIONAL_DEFAULTS.partial_rotary_factor,
         selective_rope_rank: int | None = POSITIONAL_DEFAULTS.selective_rope_rank,
+        selective_rope_gain_per_head: bool = POSITIONAL_DEFAULTS.selective_rope_gain_per_head,
         selective_rope_conv_size: int = POSITIONAL_DEFAULTS.selective_rope_conv_size,
         selective_rope_activation: str | None = POSITIONAL_DEFAULTS.selective_rope_activation,
         selective_rope_bias: bool = POSITIONAL_DEFAULTS.selective_rope_bias,
@@ -152,6 +156,7 @@ class RotariumConfig(PretrainedConfig):
         self.rope_theta = rope_theta
         self.partial_rotary_factor = partial_rotary_factor
         self.selective_rope_rank = selective_rope_rank
+        self.selective_rope_gain_per_head = selective_rope_gain_per_head
         self.selective_rope_conv_size = selective_rope_conv_size
         self.selective_rope_activation = selective_rope_activation
         self.selective_rope_bias = selective_rope_bias

@@ -102,7 +102,8 @@ def selective(family_dims: HeadDims, **options) -> torch.nn.Module:
 
 @pytest.mark.parametrize("options", [{}, {"selective_rope_bias": True, "selective_rope_phase_gate": True},
                                      {"selective_rope_rank": None, "selective_rope_activation": None},
-                                     {"selective_rope_spectrum": "rfa"}, {"selective_rope_skip_conv": True}])
+                                     {"selective_rope_spectrum": "rfa"}, {"selective_rope_skip_conv": True},
+                                     {"selective_rope_rank": None, "selective_rope_gain_per_head": True}])
 def test_selective_rope_equals_the_complex_recurrence(options):
     """Linear kernel on rotated q, k == S_t = lambda_t diag(exp(-i tau omega_t)) S_{t-1} + kc_t v_t^T."""
     B, H, K, V = 2, 2, 8, 4
@@ -207,6 +208,7 @@ def test_rope_rotation_matches_the_definition():
     (lambda: build_mixer("mamba", hidden_size=32), "family"),
     (lambda: make_mixer("gla", "selective_rope", selective_rope_temperature_base=0.0), "temperature_base"),
     (lambda: make_mixer("gla", "selective_rope", selective_rope_tau_max=-1.0), "tau_max"),
+    (lambda: make_mixer("gla", "selective_rope", selective_rope_gain_per_head=True), "selective_rope_gain_per_head"),
 ])
 def test_invalid_settings_raise_a_clear_value_error(make, match):
     with pytest.raises(ValueError, match=match):
@@ -269,9 +271,10 @@ REFERENCE_SELECTIVE_ROPE = {
     # mad: model/position_embedding/selective_rope.yaml as it stands (temp_theta 500000, rank 32, conv_act null)
     "mad": {"selective_rope_temperature_base": 500000.0, "selective_rope_rank": 32,
             "selective_rope_activation": None},
-    # language_modeling.yaml: phi_parametrization full-rank, use_gate true (standard), use_bias false, conv_act silu
-    "language_modeling": {"selective_rope_rank": None, "selective_rope_phase_gate": True,
-                          "selective_rope_activation": "silu"},
+    # language_modeling.yaml: phi_parametrization full-rank (one gain per head), use_gate true (standard), use_bias
+    # false, conv_act silu
+    "language_modeling": {"selective_rope_rank": None, "selective_rope_gain_per_head": True,
+                          "selective_rope_phase_gate": True, "selective_rope_activation": "silu"},
     # temp_grad true, the option every config leaves false
     "learned_temperature": {"selective_rope_learn_temperature": True},
 }
