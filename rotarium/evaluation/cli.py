@@ -7,9 +7,22 @@ from pathlib import Path
 
 from rotarium.utils.argtypes import int_list
 
+DTYPES = ("auto", "float32", "bfloat16", "float16")
+
+
+def load_for(args: argparse.Namespace):
+    """``(model, tokenizer)`` on ``--device`` in ``--dtype``: "auto" is bfloat16 on CUDA, where fla's kernels
+    (the delta rule's, in particular, which refuse float32) serve it, and float32 elsewhere."""
+    import torch
+
+    from rotarium.evaluation.generate import load_checkpoint
+
+    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    name = args.dtype if args.dtype != "auto" else ("bfloat16" if torch.device(device).type == "cuda" else "float32")
+    return load_checkpoint(args.model, device=device, dtype=getattr(torch, name))
+
 
 def run_eval(args: argparse.Namespace) -> int:
-    from rotarium.evaluation.generate import load_checkpoint
     from rotarium.evaluation.perplexity import (
         evaluation_documents,
         format_table,
@@ -18,7 +31,7 @@ def run_eval(args: argparse.Namespace) -> int:
         stream_tokens,
     )
 
-    model, tokenizer = load_checkpoint(args.model, device=args.device)
+    model, tokenizer = load_for(args)
     documents, description = evaluation_documents(args.data, args.model if Path(args.model).exists() else None)
     tokens = stream_tokens(tokenizer, documents)
     train_length = getattr(model.config, "max_position_embeddings", None)
@@ -36,9 +49,9 @@ def run_eval(args: argparse.Namespace) -> int:
 
 
 def run_generate(args: argparse.Namespace) -> int:
-    from rotarium.evaluation.generate import generate_text, load_checkpoint
+    from rotarium.evaluation.generate import generate_text
 
-    model, tokenizer = load_checkpoint(args.model, device=args.device)
+    model, tokenizer = load_for(args)
     texts = generate_text(model, tokenizer, args.prompt, max_new_tokens=args.max_new_tokens,
                           do_sample=not args.greedy, temperature=args.temperature, top_k=args.top_k,
                           top_p=args.top_p, repetition_penalty=args.repetition_penalty,
@@ -68,6 +81,8 @@ def add_commands(subparsers) -> None:
     ev.add_argument("--batch-size", type=int, default=8, help="windows per forward pass (default 8)")
     ev.add_argument("--output-dir", default=None, help="where to write the table and plot (default MODEL/eval)")
     ev.add_argument("--device", default=None, help="cpu, cuda, cuda:1, ... (default: cuda when available)")
+    ev.add_argument("--dtype", choices=DTYPES, default="auto",
+                    help="weights and activations: auto (default) is bfloat16 on CUDA and float32 elsewhere")
     ev.set_defaults(func=run_eval)
 
     gen = subparsers.add_parser(
@@ -85,4 +100,6 @@ def add_commands(subparsers) -> None:
     gen.add_argument("--seed", type=int, default=0, help="random seed for sampling (default 0)")
     gen.add_argument("--json", action="store_true", help="print the samples as a JSON list")
     gen.add_argument("--device", default=None, help="cpu, cuda, ... (default: cuda when available)")
+    gen.add_argument("--dtype", choices=DTYPES, default="auto",
+                    help="weights and activations: auto (default) is bfloat16 on CUDA and float32 elsewhere")
     gen.set_defaults(func=run_generate)

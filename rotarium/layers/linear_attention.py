@@ -123,9 +123,16 @@ class LinearAttentionMixer(nn.Module):
         return out, (new_state if use_cache else None)
 
     @staticmethod
-    def decoding(recurrent: torch.Tensor | None, seq_len: int) -> bool:
-        """Whether to continue from the state with the step-wise (``fused_recurrent_*``) kernels."""
-        return recurrent is not None and seq_len <= MAX_STEPS
+    def decoding(recurrent: torch.Tensor | None, enc: Encoded, *gates: torch.Tensor | None) -> bool:
+        """Whether to continue from the state with the step-wise (``fused_recurrent_*``) kernels: short inputs after
+        a state, and only without gradients. fla's step-wise kernels are for inference: its gated ones raise in
+        backward and the plain delta rule's backward writes a state gradient it never allocated unless the state
+        requires one; the chunked kernels compute the same recurrence and train."""
+        if recurrent is None or enc.q.shape[1] > MAX_STEPS:
+            return False
+        if not torch.is_grad_enabled():
+            return True
+        return not any(t is not None and t.requires_grad for t in (enc.q, enc.k, enc.v, recurrent, *gates))
 
 
 class GatedLinearAttention(LinearAttentionMixer):
@@ -154,11 +161,11 @@ class GatedLinearAttention(LinearAttentionMixer):
         if self.tied_pairs:
             g = torch.cat([g[..., :self.tied_pairs], g], dim=-1)
         g = seq.zero_padding(g)
-        if self.decoding(recurrent, T):
+        if self.decoding(recurrent, enc, g):
             return fused_recurrent_gla(enc.q, enc.k, enc.v, gk=g, initial_state=recurrent,
                                        output_final_state=use_cache)
         return chunk_gla(enc.q, enc.k, enc.v, g, initial_state=recurrent, output_final_state=use_cache,
-                         cu_seqlens=seq.cu_seqlens)
+                         cu_seqlens=seq.cu_seqlens, cu_seqlens_cpu=seq.cu_seqlens_cpu)
 
 
 class DeltaNet(LinearAttentionMixer):
@@ -198,19 +205,18 @@ class DeltaNet(LinearAttentionMixer):
         return l2norm(q), l2norm(k)
 
     def mix(self, enc, x, seq, recurrent, use_cache):
-        T = x.shape[1]
         beta = seq.zero_padding(torch.sigmoid(self.b_proj(x).float()))
         if self.use_gated_delta:
             g = -self.A_log.float().exp() * F.softplus(self.a_proj(x).float() + self.dt_bias.float())
             g = seq.zero_padding(g)
         else:
             g = enc.log_decay
-        decoding = self.decoding(recurrent, T)
+        decoding = self.decoding(recurrent, enc, g, beta)
         if g is None:
             kernel = fused_recurrent_delta_rule if decoding else chunk_delta_rule
             args = (enc.q, enc.k, enc.v, beta)
         else:
             kernel = fused_recurrent_gated_delta_rule if decoding else chunk_gated_delta_rule
             args = (enc.q, enc.k, enc.v, g, beta)
-        extra = {} if decoding else {"cu_seqlens": seq.cu_seqlens}
+        extra = {} if decoding else {"cu_seqlens": seq.cu_seqlens, "cu_seqlens_cpu": seq.cu_seqlens_cpu}
         return kernel(*args, initial_state=recurrent, output_final_state=use_cache, **extra)

@@ -14,6 +14,7 @@ themselves (q and k on pairs ``(i, i + R/2)``, RoVE's values on adjacent pairs) 
 """
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import asdict, dataclass, fields
 from typing import ClassVar
@@ -136,8 +137,13 @@ class Encoded:
 
 
 def rope_frequencies(dim: int, base: float) -> torch.Tensor:
-    """``base^(-2i/dim)`` for i in [0, dim/2)."""
+    """``base^(-2i/dim)`` for i in [0, dim/2), float64 on the CPU."""
     return base ** (-torch.arange(0, dim, 2, dtype=torch.float64) / dim)
+
+
+@functools.lru_cache(maxsize=64)
+def _frequencies_on(dim: int, base: float, device: torch.device) -> torch.Tensor:
+    return rope_frequencies(dim, base).float().to(device)
 
 
 class PositionalEncoding(nn.Module):
@@ -218,9 +224,10 @@ class RoPE(PositionalEncoding):
         return positions.float()[:, :, None, None], new_state
 
     def frequencies(self, dim: int, device: torch.device) -> torch.Tensor:
-        # Computed per call rather than kept in a buffer: K/2 numbers cost nothing, and a buffer would need
-        # re-initialising whenever transformers materialises the model from the meta device.
-        return rope_frequencies(dim, self.settings.rope_theta).float().to(device)
+        """``[dim/2]`` float32 on ``device``. Kept once per (size, base, device) for the whole process rather than in
+        a buffer: a buffer would need re-initialising whenever transformers materialises the model from the meta
+        device, and a fresh copy per layer and step would be a host-to-device transfer each time."""
+        return _frequencies_on(dim, float(self.settings.rope_theta), torch.device(device))
 
     def forward(self, q, k, v, x, seq, state):
         positions, new_state = self.positions(seq, state)

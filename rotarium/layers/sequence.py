@@ -6,7 +6,7 @@ on which tokens are real and where each document starts.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -18,6 +18,12 @@ class SequenceInfo:
     """``mask``: ``[B, T]`` bool, True for real tokens, None when every token is real.
     ``cu_seqlens``: int64 ``[N+1]`` boundaries of documents packed into a batch of size 1, or None.
     ``position_ids``: ``[B, T]`` explicit positions, or None to count them (see ``token_positions``).
+    ``device``: where the layers create tensors of their own (positions, masks).
+    ``cu_seqlens_cpu``: a host copy of ``cu_seqlens``, taken once per forward so that no layer reads the device
+    tensor (each read is a host-device synchronisation on CUDA); None where its values cannot be read (meta tensors).
+
+    Everything here that reads tensor values does so in :meth:`build`, once per forward: the layers afterwards
+    only launch work on the device.
     """
 
     batch_size: int
@@ -25,6 +31,9 @@ class SequenceInfo:
     mask: torch.Tensor | None = None
     cu_seqlens: torch.Tensor | None = None
     position_ids: torch.Tensor | None = None
+    device: torch.device = field(default_factory=lambda: torch.device("cpu"))
+    cu_seqlens_cpu: torch.Tensor | None = None
+    _counted_positions: torch.Tensor | None = field(default=None, repr=False, compare=False)
 
     @classmethod
     def build(
@@ -33,11 +42,13 @@ class SequenceInfo:
         attention_mask: torch.Tensor | None = None,
         position_ids: torch.Tensor | None = None,
         cu_seqlens: torch.Tensor | None = None,
+        cu_seqlens_cpu: torch.Tensor | None = None,
     ) -> SequenceInfo:
         """Validates and normalises the usual HF inputs for ``hidden_states`` of shape ``[B, T, d]``.
 
         ``attention_mask`` may be ``[B, T]`` or HF's ``[B, past + T]``: only the current tokens' columns are kept
-        (the softmax mixers remember the mask of cached keys themselves).
+        (the softmax mixers remember the mask of cached keys themselves). ``cu_seqlens_cpu``, a host copy of
+        ``cu_seqlens`` the caller already has, spares the one copy this makes otherwise.
         """
         B, T = hidden_states.shape[:2]
         device = hidden_states.device
@@ -49,17 +60,19 @@ class SequenceInfo:
                     f"(1 = token, 0 = padding), got {tuple(attention_mask.shape)}"
                 )
             mask = attention_mask[:, -T:].to(device=device, dtype=torch.bool)
-            if bool(mask.all()):
+            if bool(mask.all()):  # the one read of the mask per forward: unpadded inputs take the fast paths
                 mask = None
         if position_ids is not None:
             if position_ids.ndim != 2 or position_ids.shape[1] != T or position_ids.shape[0] not in (1, B):
                 raise ValueError(f"`position_ids` must have shape [{B} or 1, {T}], got {tuple(position_ids.shape)}")
             position_ids = position_ids.to(device).expand(B, T)
         if cu_seqlens is not None:
-            check_cu_seqlens(cu_seqlens, B, T, device)
+            if cu_seqlens_cpu is None:
+                cu_seqlens_cpu = host_copy(cu_seqlens)
+            check_cu_seqlens(cu_seqlens, B, T, device, cu_seqlens_cpu)
             if mask is not None:
                 raise ValueError("pass either `cu_seqlens` (packed documents) or a padding `attention_mask`, not both")
-        return cls(B, T, mask, cu_seqlens, position_ids)
+        return cls(B, T, mask, cu_seqlens, position_ids, device, cu_seqlens_cpu)
 
     def document_offsets(self) -> torch.Tensor:
         """``[1, T]``: each packed token's index inside its own document (requires ``cu_seqlens``)."""
@@ -71,26 +84,27 @@ class SequenceInfo:
 
         Explicit ``position_ids`` win. Otherwise positions count real tokens only (so a left-padded prompt starts at
         0 like the same prompt alone) from ``offset`` ``[B]``, the number of real tokens already seen (decoding),
-        and restart at every packed document boundary.
+        and restart at every packed document boundary. Computed once per forward and shared by the layers.
         """
         if self.position_ids is not None:
             return self.position_ids.long()
-        if self.cu_seqlens is not None:
-            return self.document_offsets().expand(self.batch_size, -1)
-        device = offset.device if offset is not None else None
-        if self.mask is not None:
-            device = self.mask.device
-            positions = (self.mask.long().cumsum(1) - 1).clamp_min(0)
-        else:
-            positions = torch.arange(self.seq_len, device=device).unsqueeze(0).expand(self.batch_size, -1)
-        return positions if offset is None else positions + offset[:, None]
+        if self._counted_positions is None:
+            if self.cu_seqlens is not None:
+                positions = self.document_offsets().expand(self.batch_size, -1)
+            elif self.mask is not None:
+                positions = (self.mask.long().cumsum(1) - 1).clamp_min(0)
+            else:
+                positions = torch.arange(self.seq_len, device=self.device).unsqueeze(0).expand(self.batch_size, -1)
+            self._counted_positions = positions
+        positions = self._counted_positions
+        return positions if offset is None or self.cu_seqlens is not None else positions + offset[:, None]
 
     def next_offset(self, offset: torch.Tensor | None, positions: torch.Tensor) -> torch.Tensor:
         """``[B]``: the position the next token of each row will take."""
         if self.position_ids is not None:
             return positions[:, -1] + 1
         seen = self.mask.long().sum(1) if self.mask is not None else torch.full(
-            (self.batch_size,), self.seq_len, device=positions.device)
+            (self.batch_size,), self.seq_len, device=self.device)
         return seen if offset is None else offset + seen
 
     def zero_padding(self, x: torch.Tensor) -> torch.Tensor:
@@ -98,3 +112,12 @@ class SequenceInfo:
         if self.mask is None:
             return x
         return x * self.mask.view(*self.mask.shape, *([1] * (x.ndim - 2))).to(x.dtype)
+
+
+def host_copy(x: torch.Tensor) -> torch.Tensor | None:
+    """``x`` on the CPU (x itself when it is there already); None for meta tensors, whose values do not exist."""
+    if x.device.type == "cpu":
+        return x
+    if x.device.type == "meta":
+        return None
+    return x.cpu()

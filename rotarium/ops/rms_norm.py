@@ -38,8 +38,14 @@ class _RMSNorm(torch.autograd.Function):
         return grad_x, grad_weight, None
 
 
+def fused_kernel_available(x: torch.Tensor) -> bool:
+    return x.device.type == "cuda"
+
+
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """x ``[..., D]`` normalised by its root mean square over D and scaled by weight ``[D]``; in x's dtype."""
-    if x.device.type == "cuda":
-        return F.rms_norm(x, weight.shape, weight, eps)
+    if fused_kernel_available(x):
+        # CUDA autocast runs F.rms_norm in float32 and returns float32: normalised bfloat16 queries and keys would
+        # then meet bfloat16 values in one op, which needs one dtype
+        return F.rms_norm(x, weight.shape, weight, eps).to(x.dtype)
     return _RMSNorm.apply(x, weight, eps)

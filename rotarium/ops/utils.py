@@ -13,9 +13,21 @@ from collections.abc import Callable, Iterator, Sequence
 
 import torch
 
-# Value checks (positive log decays, cu_seqlens contents) read tensor values,
-# which costs a host-device synchronisation on CUDA. Shape checks are free.
-VALUE_CHECKS = os.environ.get("ROTARIUM_OPS_VALUE_CHECKS", "1") != "0"
+# Value checks (positive log decays, cu_seqlens contents) read tensor values. On CPU that is free; on CUDA each read
+# is a host-device synchronisation that stalls the launch queue, so there they are off unless asked for:
+# ROTARIUM_OPS_VALUE_CHECKS=1 turns them on everywhere, =0 off everywhere.
+_VALUE_CHECKS_ENV = os.environ.get("ROTARIUM_OPS_VALUE_CHECKS")
+VALUE_CHECKS = _VALUE_CHECKS_ENV != "0"
+
+
+def checks_values(x: torch.Tensor) -> bool:
+    """Whether the value checks read ``x``: by default only where that costs no synchronisation (CPU tensors)."""
+    if not VALUE_CHECKS:
+        return False
+    if _VALUE_CHECKS_ENV == "1":
+        return x.device.type != "meta"
+    return x.device.type == "cpu"
+
 
 # The most tokens the recurrent (``fused_recurrent_*``) ops' PyTorch path steps through one at a time, and the most a
 # mixer continuing from a state hands to those ops: past one chunk, the chunked kernels compute the same recurrence
@@ -84,7 +96,7 @@ def check_same_dtype(**tensors: torch.Tensor) -> None:
 
 
 def check_log_decay(name: str, g: torch.Tensor | None) -> None:
-    if g is None or not VALUE_CHECKS:
+    if g is None or not checks_values(g):
         return
     if bool((g > 0).any()):
         raise ValueError(
@@ -93,7 +105,9 @@ def check_log_decay(name: str, g: torch.Tensor | None) -> None:
         )
 
 
-def check_cu_seqlens(cu_seqlens: torch.Tensor | None, batch_size: int, seq_len: int, device: torch.device) -> None:
+def check_cu_seqlens(cu_seqlens: torch.Tensor | None, batch_size: int, seq_len: int, device: torch.device,
+                     cu_seqlens_cpu: torch.Tensor | None = None) -> None:
+    """Shapes always; values from the host copy ``cu_seqlens_cpu`` when given, else where :func:`checks_values`."""
     if cu_seqlens is None:
         return
     if not isinstance(cu_seqlens, torch.Tensor) or cu_seqlens.ndim != 1 or cu_seqlens.is_floating_point():
@@ -107,9 +121,18 @@ def check_cu_seqlens(cu_seqlens: torch.Tensor | None, batch_size: int, seq_len: 
         )
     if cu_seqlens.device != device:
         raise ValueError(f"`cu_seqlens` is on {cu_seqlens.device} but the inputs are on {device}")
+    if cu_seqlens_cpu is not None:
+        if cu_seqlens_cpu.shape != cu_seqlens.shape or cu_seqlens_cpu.device.type != "cpu":
+            raise ValueError(f"`cu_seqlens_cpu` must be a CPU copy of `cu_seqlens` (shape {tuple(cu_seqlens.shape)}), "
+                             f"got shape {tuple(cu_seqlens_cpu.shape)} on {cu_seqlens_cpu.device}")
+        source = cu_seqlens_cpu
+    elif checks_values(cu_seqlens):
+        source = cu_seqlens
+    else:
+        return
     if not VALUE_CHECKS:
         return
-    values = cu_seqlens.tolist()
+    values = source.tolist()
     if values[0] != 0:
         raise ValueError(f"`cu_seqlens` must start at 0, got {values[0]}")
     if any(b < a for a, b in itertools.pairwise(values)):
@@ -146,8 +169,9 @@ class Packing:
     padded positions change neither the outputs nor the final states.
     """
 
-    def __init__(self, cu_seqlens: torch.Tensor):
-        lengths = (cu_seqlens[1:] - cu_seqlens[:-1]).tolist()
+    def __init__(self, cu_seqlens: torch.Tensor, cu_seqlens_cpu: torch.Tensor | None = None):
+        bounds = cu_seqlens_cpu if cu_seqlens_cpu is not None else cu_seqlens
+        lengths = (bounds[1:] - bounds[:-1]).tolist()
         self.num_seqs = len(lengths)
         self.max_len = max(max(lengths), 1)
         device = cu_seqlens.device
@@ -173,12 +197,13 @@ def run_packed(
     fn: Callable[..., tuple[torch.Tensor, torch.Tensor | None]],
     cu_seqlens: torch.Tensor | None,
     sequence_args: dict[str, torch.Tensor | None],
+    cu_seqlens_cpu: torch.Tensor | None = None,
     **other_args,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Calls ``fn(**sequence_args, **other_args)`` with each packed sequence as its own batch row."""
     if cu_seqlens is None:
         return fn(**sequence_args, **other_args)
-    packing = Packing(cu_seqlens)
+    packing = Packing(cu_seqlens, cu_seqlens_cpu)
     padded = {name: packing.pad(x) for name, x in sequence_args.items()}
     o, final_state = fn(**padded, **other_args)
     return packing.unpad(o), final_state

@@ -10,6 +10,7 @@ from fla.ops.gated_delta_rule.naive import naive_recurrent_gated_delta_rule
 
 import rotarium.ops.delta_rule.chunk as chunk_module
 import rotarium.ops.utils as ops_utils
+from rotarium.ops import backend as backend_module
 from rotarium.ops.delta_rule import (
     chunk_delta_rule,
     chunk_gated_delta_rule,
@@ -304,17 +305,22 @@ def test_backend_choice(name):
     assert_close(o, o_ref, scaled(1e-5, o_ref), rtol=0)
 
 
-@pytest.mark.parametrize("op", [chunk_delta_rule, chunk_gated_delta_rule])
-def test_float32_that_would_go_to_fla_runs_pytorch_with_one_warning(op, monkeypatch):
-    monkeypatch.setattr(chunk_module, "use_fla", lambda backend, x: True)  # pretend CUDA and fla
-    monkeypatch.setattr(chunk_module, "_warned_float32", False)
-    x = make_inputs(T=8, gated=op is chunk_gated_delta_rule)
+def test_float32_plain_delta_rule_runs_pytorch_with_one_warning_and_the_gated_one_goes_to_fla(monkeypatch):
+    # fla's plain chunked delta rule asserts on float32; its gated one takes float32, so only the plain one stays here
+    monkeypatch.setattr(backend_module, "fla_device", lambda x: True)  # pretend CUDA and fla
+    backend_module._warn_once.cache_clear()
+    x = make_inputs(T=8, gated=False)
     with pytest.warns(UserWarning, match="float32"):
-        o, _ = call(op, x)
+        o, _ = call(chunk_delta_rule, x)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        o_again, _ = call(op, x)
+        o_again, _ = call(chunk_delta_rule, x)
     assert_close(o, o_again, 0, rtol=0)
+    fla_module = pytest.importorskip("fla.ops.gated_delta_rule")
+    monkeypatch.setattr(fla_module, "chunk_gated_delta_rule", lambda **kwargs: ("fla", None))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert call(chunk_gated_delta_rule, make_inputs(T=8, gated=True))[0] == "fla"
 
 
 @pytest.mark.parametrize("C", [64, 128, 48, 16])

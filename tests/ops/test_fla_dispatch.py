@@ -15,6 +15,7 @@ import torch
 import torch.nn.functional as F
 
 from rotarium import ops
+from rotarium.ops import backend as backend_module
 
 pytest.importorskip("fla.ops")
 
@@ -33,43 +34,43 @@ def inputs(dtype: torch.dtype) -> dict[str, torch.Tensor]:
     }
 
 
-# (our op, the module that dispatches it, fla's module and kernel, the call; bf16 because fla's chunked delta-rule
-# kernels reject float32, which our ops route to PyTorch instead)
+# (fla's module and kernel, the call; bf16 because fla's plain chunked delta rule rejects float32, which our op
+# routes to PyTorch instead)
 CASES = {
-    "chunk_gla": ("rotarium.ops.gla.chunk", "fla.ops.gla", "chunk_gla",
+    "chunk_gla": ("fla.ops.gla", "chunk_gla",
                   lambda x: ops.chunk_gla(x["q"], x["k"], x["v"], x["g_channel"], scale=0.5, initial_state=x["h0"],
                                           output_final_state=True)),
-    "fused_recurrent_gla": ("rotarium.ops.gla.fused_recurrent", "fla.ops.gla", "fused_recurrent_gla",
+    "fused_recurrent_gla": ("fla.ops.gla", "fused_recurrent_gla",
                             lambda x: ops.fused_recurrent_gla(x["q"], x["k"], x["v"], gk=x["g_channel"],
                                                               initial_state=x["h0"], output_final_state=True)),
-    "chunk_delta_rule": ("rotarium.ops.delta_rule.chunk", "fla.ops.delta_rule", "chunk_delta_rule",
+    "chunk_delta_rule": ("fla.ops.delta_rule", "chunk_delta_rule",
                          lambda x: ops.chunk_delta_rule(x["q"], x["k"], x["v"], x["beta"], initial_state=x["h0"],
                                                         output_final_state=True, use_qk_l2norm_in_kernel=True)),
-    "chunk_gated_delta_rule": ("rotarium.ops.delta_rule.chunk", "fla.ops.gated_delta_rule", "chunk_gated_delta_rule",
+    "chunk_gated_delta_rule": ("fla.ops.gated_delta_rule", "chunk_gated_delta_rule",
                                lambda x: ops.chunk_gated_delta_rule(x["q"], x["k"], x["v"], x["g_head"], x["beta"],
                                                                     initial_state=x["h0"], output_final_state=True)),
-    "fused_recurrent_delta_rule": ("rotarium.ops.delta_rule.fused_recurrent", "fla.ops.delta_rule",
+    "fused_recurrent_delta_rule": ("fla.ops.delta_rule",
                                    "fused_recurrent_delta_rule",
                                    lambda x: ops.fused_recurrent_delta_rule(x["q"], x["k"], x["v"], x["beta"],
                                                                             initial_state=x["h0"],
                                                                             output_final_state=True)),
-    "fused_recurrent_gated_delta_rule": ("rotarium.ops.delta_rule.fused_recurrent", "fla.ops.gated_delta_rule",
+    "fused_recurrent_gated_delta_rule": ("fla.ops.gated_delta_rule",
                                          "fused_recurrent_gated_delta_rule",
                                          lambda x: ops.fused_recurrent_gated_delta_rule(
                                              x["q"], x["k"], x["v"], x["g_head"], x["beta"], initial_state=x["h0"],
                                              output_final_state=True)),
-    "parallel_forgetting_attn": ("rotarium.ops.forgetting_attn.parallel", "fla.ops.forgetting_attn",
+    "parallel_forgetting_attn": ("fla.ops.forgetting_attn",
                                  "parallel_forgetting_attn",
                                  lambda x: ops.parallel_forgetting_attn(x["q"], x["k"], x["v"], x["g_head"])),
-    "parallel_attn (g None)": ("rotarium.ops.forgetting_attn.parallel", "fla.ops.attn", "parallel_attn",
+    "parallel_attn (g None)": ("fla.ops.attn", "parallel_attn",
                                lambda x: ops.parallel_forgetting_attn(x["q"], x["k"], x["v"], window_size=4)),
 }
 
 
 @pytest.mark.parametrize("name", list(CASES))
 def test_op_calls_the_installed_fla_kernel_with_its_own_signature(name, monkeypatch):
-    ours, fla_module_name, kernel_name, call = CASES[name]
-    monkeypatch.setattr(importlib.import_module(ours), "use_fla", lambda backend, x: True)
+    fla_module_name, kernel_name, call = CASES[name]
+    monkeypatch.setattr(backend_module, "fla_device", lambda x: True)
     fla_module = importlib.import_module(fla_module_name)
     kernel = getattr(fla_module, kernel_name)
     signature = inspect.signature(kernel)
@@ -99,7 +100,7 @@ def test_op_calls_the_installed_fla_kernel_with_its_own_signature(name, monkeypa
 def test_gated_delta_rule_avoids_a_backward_fla_refuses(backend, requires_grad, grad_enabled, to_torch,
                                                         monkeypatch):
     chunk = importlib.import_module("rotarium.ops.delta_rule.chunk")
-    monkeypatch.setattr(chunk, "use_fla", lambda backend, x: True)
+    monkeypatch.setattr(backend_module, "fla_device", lambda x: True)
     monkeypatch.setattr(chunk, "fla_gated_backward_refused", lambda: True)
     fla_module = importlib.import_module("fla.ops.gated_delta_rule")
     monkeypatch.setattr(fla_module, "chunk_gated_delta_rule", lambda **kwargs: ("fla", None))
@@ -110,3 +111,26 @@ def test_gated_delta_rule_avoids_a_backward_fla_refuses(backend, requires_grad, 
         o, _ = ops.chunk_gated_delta_rule(x["q"], x["k"], x["v"], x["g_head"], x["beta"], backend=backend)
     assert isinstance(o, torch.Tensor) is to_torch
     assert any("Triton" in str(w.message) for w in caught) is to_torch
+
+
+@pytest.mark.parametrize("name", ["chunk_delta_rule", "chunk_gated_delta_rule", "parallel_forgetting_attn"])
+def test_heads_larger_than_fla_takes_run_pytorch_on_auto_and_fail_clearly_when_forced(name, monkeypatch):
+    fla_module_name, kernel_name, _ = CASES[name]
+    monkeypatch.setattr(backend_module, "fla_device", lambda x: True)
+    monkeypatch.setattr(importlib.import_module(fla_module_name), kernel_name, lambda **kwargs: "fla")
+    backend_module._warn_once.cache_clear()
+    big = 2 * backend_module.FLA_MAX_HEAD_DIM
+    q = torch.randn(1, 4, 1, big, dtype=torch.bfloat16)
+    k = F.normalize(torch.randn(1, 4, 1, big), dim=-1).to(torch.bfloat16)
+    v = torch.randn(1, 4, 1, 8, dtype=torch.bfloat16)
+    g, beta = F.logsigmoid(torch.randn(1, 4, 1)), torch.rand(1, 4, 1, dtype=torch.bfloat16)
+    call = {
+        "chunk_delta_rule": lambda be: ops.chunk_delta_rule(q, k, v, beta, backend=be)[0],
+        "chunk_gated_delta_rule": lambda be: ops.chunk_gated_delta_rule(q, k, v, g, beta, backend=be)[0],
+        "parallel_forgetting_attn": lambda be: ops.parallel_forgetting_attn(q, k, v, g, backend=be),
+    }[name]
+    with pytest.warns(UserWarning, match="head sizes up to 256"):
+        o = call("auto")
+    assert isinstance(o, torch.Tensor) and o.shape == (1, 4, 1, 8)
+    with pytest.raises(ValueError, match="head sizes up to 256"):
+        call("fla")

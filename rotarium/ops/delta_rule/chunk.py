@@ -26,7 +26,7 @@ import warnings
 
 import torch
 
-from rotarium.ops.backend import requested_backend, use_fla
+from rotarium.ops.backend import dispatch, head_dim_limit, requested_backend, use_fla
 from rotarium.ops.l2norm import l2norm
 from rotarium.ops.utils import (
     check_cu_seqlens,
@@ -46,9 +46,6 @@ CHUNK_SIZE = 64
 # Largest |exponent| of the factored intra-chunk decay (see _intra_chunk); e^40 is far inside float32's range.
 BOUND = 40.0
 
-_warned_float32 = False
-
-
 def check_delta_rule_inputs(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -57,6 +54,7 @@ def check_delta_rule_inputs(
     beta: torch.Tensor | None,
     initial_state: torch.Tensor | None,
     cu_seqlens: torch.Tensor | None,
+    cu_seqlens_cpu: torch.Tensor | None = None,
 ) -> None:
     check_tensor("q", q, 4, "[B, T, H, K]")
     B, T, H, K = q.shape
@@ -70,27 +68,18 @@ def check_delta_rule_inputs(
             check_tensor(name, x, 3, "[B, T, H]")
             check_dims(name, x, (B, T, H), "[B, T, H]")
     check_same_device("q", q, k=k, v=v, g=g, beta=beta)
-    check_cu_seqlens(cu_seqlens, B, T, q.device)
+    check_cu_seqlens(cu_seqlens, B, T, q.device, cu_seqlens_cpu)
     num_states = B if cu_seqlens is None else cu_seqlens.numel() - 1
     check_initial_state(initial_state, num_states, H, K, v.shape[-1], q.device)
     check_log_decay("g", g)
 
 
-def fla_rejects(q: torch.Tensor) -> bool:
-    """fla's chunked delta-rule kernels assert on float32 inputs; those calls run our PyTorch path instead."""
-    global _warned_float32
+def fla_float32_limit(q: torch.Tensor) -> str | None:
+    """fla's plain chunked delta rule asserts on float32 inputs (its gated one accepts them)."""
     if q.dtype != torch.float32:
-        return False
-    if not _warned_float32:
-        # Warn once: the PyTorch path is correct on CUDA but slower than a Triton kernel, and a float32
-        # model silently losing speed is worth knowing about (cast to bfloat16 to get fla's kernels).
-        warnings.warn(
-            "fla's chunked delta-rule kernels do not support float32 inputs; running rotarium's PyTorch "
-            "implementation instead (cast q, k, v to bfloat16 or float16 to use fla's Triton kernels)",
-            stacklevel=3,
-        )
-        _warned_float32 = True
-    return True
+        return None
+    return ("fla's chunk_delta_rule does not support float32 inputs (cast q, k, v to bfloat16 or float16 to use "
+            "fla's Triton kernel)")
 
 
 @functools.cache
@@ -279,6 +268,7 @@ def chunk_gated_delta_rule_torch(
     output_final_state: bool,
     use_qk_l2norm_in_kernel: bool,
     cu_seqlens: torch.Tensor | None,
+    cu_seqlens_cpu: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """PyTorch path of every delta-rule op (validated inputs; g None means no decay)."""
     q, k = q.float(), k.float()
@@ -288,6 +278,7 @@ def chunk_gated_delta_rule_torch(
         _chunk_gated_delta_rule_fwd,
         cu_seqlens,
         {"q": q, "k": k, "v": v.float(), "g": None if g is None else g.float(), "beta": beta.float()},
+        cu_seqlens_cpu,
         scale=scale,
         initial_state=initial_state,
         output_final_state=output_final_state,
@@ -306,6 +297,7 @@ def chunk_gated_delta_rule(
     output_final_state: bool = False,
     use_qk_l2norm_in_kernel: bool = False,
     cu_seqlens: torch.LongTensor | None = None,
+    cu_seqlens_cpu: torch.LongTensor | None = None,
     *,
     backend: str | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -320,6 +312,8 @@ def chunk_gated_delta_rule(
         output_final_state: return the final state ``[N, H, K, V]`` (float32).
         use_qk_l2norm_in_kernel: L2-normalise q and k per head inside the op.
         cu_seqlens: int64 ``[N + 1]`` for packed inputs with B = 1.
+        cu_seqlens_cpu: a host copy of ``cu_seqlens`` (fla's argument): with it neither path reads ``cu_seqlens``
+            from the device, which on CUDA would synchronise.
         backend: ``"auto"``, ``"torch"`` or ``"fla"`` (see :mod:`rotarium.ops.backend`).
 
     Returns:
@@ -329,19 +323,21 @@ def chunk_gated_delta_rule(
         raise ValueError("`g` (the log decay [B, T, H]) is required; use chunk_delta_rule for no decay")
     if beta is None:
         raise ValueError("`beta` ([B, T, H]) is required")
-    check_delta_rule_inputs(q, k, v, g, beta, initial_state, cu_seqlens)
+    check_delta_rule_inputs(q, k, v, g, beta, initial_state, cu_seqlens, cu_seqlens_cpu)
     scale = q.shape[-1] ** -0.5 if scale is None else scale
-    if use_fla(backend, q) and not fla_rejects(q) and not fla_cannot_train_gated(backend, q, k, v, g, beta,
-                                                                                 initial_state):
+    to_fla = use_fla(backend, q, head_dim_limit("chunk_gated_delta_rule", K=q.shape[-1]))
+    if dispatch("chunk_gated_delta_rule", to_fla and not fla_cannot_train_gated(backend, q, k, v, g, beta,
+                                                                                 initial_state)):
         from fla.ops.gated_delta_rule import chunk_gated_delta_rule as fla_chunk_gated_delta_rule
 
         return fla_chunk_gated_delta_rule(
             q=q, k=k, v=v, g=g, beta=beta, scale=scale, initial_state=initial_state,
             output_final_state=output_final_state, use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel,
-            cu_seqlens=cu_seqlens,
+            cu_seqlens=cu_seqlens, cu_seqlens_cpu=cu_seqlens_cpu,
         )
     return chunk_gated_delta_rule_torch(
-        q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_l2norm_in_kernel, cu_seqlens
+        q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_l2norm_in_kernel, cu_seqlens,
+        cu_seqlens_cpu,
     )
 
 
@@ -355,6 +351,7 @@ def chunk_delta_rule(
     output_final_state: bool = False,
     use_qk_l2norm_in_kernel: bool = False,
     cu_seqlens: torch.LongTensor | None = None,
+    cu_seqlens_cpu: torch.LongTensor | None = None,
     *,
     backend: str | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -364,16 +361,18 @@ def chunk_delta_rule(
     """
     if beta is None:
         raise ValueError("`beta` ([B, T, H]) is required")
-    check_delta_rule_inputs(q, k, v, None, beta, initial_state, cu_seqlens)
+    check_delta_rule_inputs(q, k, v, None, beta, initial_state, cu_seqlens, cu_seqlens_cpu)
     scale = q.shape[-1] ** -0.5 if scale is None else scale
-    if use_fla(backend, q) and not fla_rejects(q):
+    unsupported = head_dim_limit("chunk_delta_rule", K=q.shape[-1]) or fla_float32_limit(q)
+    if dispatch("chunk_delta_rule", use_fla(backend, q, unsupported)):
         from fla.ops.delta_rule import chunk_delta_rule as fla_chunk_delta_rule
 
         return fla_chunk_delta_rule(
             q=q, k=k, v=v, beta=beta, scale=scale, initial_state=initial_state,
             output_final_state=output_final_state, use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel,
-            cu_seqlens=cu_seqlens,
+            cu_seqlens=cu_seqlens, cu_seqlens_cpu=cu_seqlens_cpu,
         )
     return chunk_gated_delta_rule_torch(
-        q, k, v, None, beta, scale, initial_state, output_final_state, use_qk_l2norm_in_kernel, cu_seqlens
+        q, k, v, None, beta, scale, initial_state, output_final_state, use_qk_l2norm_in_kernel, cu_seqlens,
+        cu_seqlens_cpu,
     )

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from rotarium.ops.backend import use_fla
+from rotarium.ops.backend import dispatch, use_fla
 from rotarium.ops.delta_rule.chunk import check_delta_rule_inputs, chunk_gated_delta_rule_torch
 from rotarium.ops.l2norm import l2norm
 from rotarium.ops.utils import MAX_STEPS, float32_internals, run_packed
@@ -95,11 +95,13 @@ def fused_recurrent_gated_delta_rule(
 
     Returns:
         o ``[B, T, H, V]`` with the dtype of v, and the final state ``[N, H, K, V]`` or None.
-        fla's kernel has no backward; the PyTorch path is differentiable.
+        For inference on fla: its gated kernel raises in backward, and its plain kernel's backward needs an initial
+        state that requires a gradient, so the mixers train through states with the chunked ops instead. The
+        PyTorch path is differentiable.
     """
     check_delta_rule_inputs(q, k, v, g, beta, initial_state, cu_seqlens)
     scale = q.shape[-1] ** -0.5 if scale is None else scale
-    if use_fla(backend, q):
+    if dispatch("fused_recurrent_gated_delta_rule", use_fla(backend, q)):
         from fla.ops.gated_delta_rule import fused_recurrent_gated_delta_rule as fla_fused_recurrent
 
         return fla_fused_recurrent(
@@ -133,7 +135,7 @@ def fused_recurrent_delta_rule(
     """
     check_delta_rule_inputs(q, k, v, None, beta, initial_state, cu_seqlens)
     scale = q.shape[-1] ** -0.5 if scale is None else scale
-    if use_fla(backend, q):
+    if dispatch("fused_recurrent_delta_rule", use_fla(backend, q)):
         from fla.ops.delta_rule import fused_recurrent_delta_rule as fla_fused_recurrent
 
         return fla_fused_recurrent(

@@ -16,7 +16,7 @@ import itertools
 import torch
 import torch.nn.functional as F
 
-from rotarium.ops.backend import use_fla
+from rotarium.ops.backend import dispatch, head_dim_limit, use_fla
 from rotarium.ops.cumsum import segment_cumsum
 from rotarium.ops.utils import (
     check_cu_seqlens,
@@ -218,6 +218,7 @@ def parallel_forgetting_attn(
     window_size: int | None = None,
     cu_seqlens: torch.Tensor | None = None,
     *,
+    cu_seqlens_cpu: torch.Tensor | None = None,
     backend: str | None = None,
 ) -> torch.Tensor:
     """Causal softmax attention with a forget gate: ``o_i = sum_{j<=i} softmax_j(scale q_i.k_j + c_i - c_j) v_j``.
@@ -232,6 +233,8 @@ def parallel_forgetting_attn(
         window_size: if given, query i attends only to keys ``[i - window_size + 1, i]``.
         cu_seqlens: ``[N+1]`` cumulative lengths of sequences packed in a batch of size 1;
             attention stays within a sequence and the cumulative gate restarts at each.
+        cu_seqlens_cpu: a host copy of ``cu_seqlens`` (rotarium's addition: fla's kernel takes none): the PyTorch
+            path reads the boundaries from it instead of synchronising with the device.
         backend: ``"auto"``, ``"torch"`` or ``"fla"`` (see :mod:`rotarium.ops.backend`).
 
     Returns:
@@ -249,14 +252,14 @@ def parallel_forgetting_attn(
         check_dims("g", g, (B, T, HQ), "[B, T, HQ]")
     check_same_device("q", q, k=k, v=v, g=g)
     check_same_dtype(q=q, k=k, v=v)
-    check_cu_seqlens(cu_seqlens, B, T, q.device)
+    check_cu_seqlens(cu_seqlens, B, T, q.device, cu_seqlens_cpu)
     check_log_decay("g", g)
     if window_size is not None and (not isinstance(window_size, int) or window_size < 1):
         raise ValueError(f"`window_size` must be a positive int or None, got {window_size!r}")
     if scale is None:
         scale = K ** -0.5
 
-    if use_fla(backend, q):
+    if dispatch("parallel_forgetting_attn", use_fla(backend, q, head_dim_limit("parallel attention", K=K))):
         if g is None:
             from fla.ops.attn import parallel_attn
 
@@ -266,7 +269,7 @@ def parallel_forgetting_attn(
         return fla_parallel_forgetting_attn(q=q, k=k, v=v, g=g, scale=scale, window_size=window_size,
                                             cu_seqlens=cu_seqlens)
 
-    bounds = None if cu_seqlens is None else cu_seqlens.tolist()
+    bounds = None if cu_seqlens is None else (cu_seqlens_cpu if cu_seqlens_cpu is not None else cu_seqlens).tolist()
     if g is None and window_size is None:
         # PyTorch's fused kernel (memory-efficient in both passes) is faster than
         # blocks of matmuls; packed sequences go through it one by one

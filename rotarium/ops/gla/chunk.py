@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from rotarium.ops.backend import use_fla
+from rotarium.ops.backend import dispatch, use_fla
 from rotarium.ops.utils import (
     check_cu_seqlens,
     check_dims,
@@ -37,7 +37,7 @@ FLOOR = 40.0
 
 def check_gla_inputs(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, gates: dict[str, torch.Tensor | None],
-    initial_state: torch.Tensor | None, cu_seqlens: torch.Tensor | None,
+    initial_state: torch.Tensor | None, cu_seqlens: torch.Tensor | None, cu_seqlens_cpu: torch.Tensor | None = None,
 ) -> None:
     """Shared by chunk_gla and fused_recurrent_gla; ``gates`` maps an argument name to its log decay."""
     check_tensor("q", q, 4, "[B, T, H, K]")
@@ -55,7 +55,7 @@ def check_gla_inputs(
         layout = "[B, T, H, V]" if name == "gv" else "[B, T, H, K]"
         check_tensor(name, g, 4, layout)
         check_dims(name, g, (B, T, H, V if name == "gv" else K), layout)
-    check_cu_seqlens(cu_seqlens, B, T, q.device)
+    check_cu_seqlens(cu_seqlens, B, T, q.device, cu_seqlens_cpu)
     N = B if cu_seqlens is None else cu_seqlens.numel() - 1
     check_initial_state(initial_state, N, H, K, V, q.device)
     for name, g in gates.items():
@@ -203,6 +203,7 @@ def chunk_gla(
     initial_state: torch.Tensor | None = None,
     output_final_state: bool = False,
     cu_seqlens: torch.LongTensor | None = None,
+    cu_seqlens_cpu: torch.LongTensor | None = None,
     *,
     backend: str | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -215,24 +216,26 @@ def chunk_gla(
         initial_state: ``[N, H, K, V]``; N = B, or the number of sequences with ``cu_seqlens``.
         output_final_state: also return the state after the last token.
         cu_seqlens: int64 ``[N+1]`` cumulative lengths of sequences packed into a batch of size 1.
+        cu_seqlens_cpu: a host copy of ``cu_seqlens`` (fla's argument): with it neither path reads ``cu_seqlens``
+            from the device, which on CUDA would synchronise.
         backend: ``"auto"`` / ``"torch"`` / ``"fla"`` (see rotarium.ops.backend).
 
     Returns:
         ``o [B, T, H, V]`` (dtype of v) and the final state ``[N, H, K, V]`` (float32) or None.
     """
-    check_gla_inputs(q, k, v, {"g": g}, initial_state, cu_seqlens)
+    check_gla_inputs(q, k, v, {"g": g}, initial_state, cu_seqlens, cu_seqlens_cpu)
     if scale is None:
         scale = q.shape[-1] ** -0.5
-    if use_fla(backend, q):
+    if dispatch("chunk_gla", use_fla(backend, q)):
         from fla.ops.gla import chunk_gla as fla_chunk_gla
 
         return fla_chunk_gla(
             q=q, k=k, v=v, g=g, scale=scale,
             initial_state=None if initial_state is None else initial_state.float(),
-            output_final_state=output_final_state, cu_seqlens=cu_seqlens,
+            output_final_state=output_final_state, cu_seqlens=cu_seqlens, cu_seqlens_cpu=cu_seqlens_cpu,
         )
     o, final_state = run_packed(
-        chunk_gla_torch, cu_seqlens, {"q": q, "k": k, "v": v, "g": g},
+        chunk_gla_torch, cu_seqlens, {"q": q, "k": k, "v": v, "g": g}, cu_seqlens_cpu,
         scale=scale, initial_state=initial_state, output_final_state=output_final_state,
     )
     return o.to(v.dtype), final_state

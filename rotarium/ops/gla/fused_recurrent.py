@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import torch
 
-from rotarium.ops.backend import use_fla
+from rotarium.ops.backend import dispatch, use_fla
 from rotarium.ops.gla.chunk import check_gla_inputs, chunk_gla_torch
 from rotarium.ops.utils import MAX_STEPS, float32_internals, run_packed
 
@@ -87,7 +87,7 @@ def fused_recurrent_gla(
     check_gla_inputs(q, k, v, {"gk": gk, "gv": gv}, initial_state, cu_seqlens)
     if scale is None:
         scale = q.shape[-1] ** -0.5
-    if use_fla(backend, q):
+    if dispatch("fused_recurrent_gla", use_fla(backend, q)):
         from fla.ops.gla import fused_recurrent_gla as fla_fused_recurrent_gla
 
         return fla_fused_recurrent_gla(
