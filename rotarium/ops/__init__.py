@@ -5,6 +5,7 @@
   :mod:`rotarium.ops.backend` for forcing either one), and each folder holds a step-by-step ``naive`` reference.
 - ``rotary``, ``cumsum``, ``l2norm``, ``rms_norm``, ``convolution``: the smaller kernels of the layers (positional
   rotations, sums restarting at packed sequences, normalisations, the short convolution).
+- ``linear_cross_entropy``: the causal-LM loss through the output projection, chunk by chunk (fla's on CUDA).
 - ``utils``: validation at the op boundary, packing, chunk layouts.
 
 Allocation: on CPU a large fresh tensor costs a page fault per page on its first write, often more than the
@@ -20,6 +21,7 @@ from rotarium.ops.delta_rule import (
 )
 from rotarium.ops.forgetting_attn import forgetting_attn_with_cache, parallel_forgetting_attn
 from rotarium.ops.gla import chunk_gla, fused_recurrent_gla
+from rotarium.ops.linear_cross_entropy import fused_linear_cross_entropy_loss
 
 __all__ = [
     "chunk_delta_rule",
@@ -27,6 +29,7 @@ __all__ = [
     "chunk_gla",
     "fla_available",
     "forgetting_attn_with_cache",
+    "fused_linear_cross_entropy_loss",
     "fused_recurrent_delta_rule",
     "fused_recurrent_gated_delta_rule",
     "fused_recurrent_gla",

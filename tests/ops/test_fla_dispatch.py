@@ -134,3 +134,20 @@ def test_heads_larger_than_fla_takes_run_pytorch_on_auto_and_fail_clearly_when_f
     assert isinstance(o, torch.Tensor) and o.shape == (1, 4, 1, 8)
     with pytest.raises(ValueError, match="head sizes up to 256"):
         call("fla")
+
+
+def test_linear_cross_entropy_calls_fla_with_its_own_signature(monkeypatch):
+    from rotarium.ops.linear_cross_entropy import fused_linear_cross_entropy_loss
+
+    fla_module = importlib.import_module("fla.modules.fused_linear_cross_entropy")
+    signature = inspect.signature(fla_module.fused_linear_cross_entropy_loss)
+    result = object()
+
+    def stand_in(*args, **kwargs):
+        signature.bind(*args, **kwargs)
+        return result
+
+    monkeypatch.setattr(backend_module, "fla_device", lambda x: True)
+    monkeypatch.setattr(fla_module, "fused_linear_cross_entropy_loss", stand_in)
+    x, weight = torch.randn(6, 4, dtype=torch.bfloat16), torch.randn(10, 4, dtype=torch.bfloat16)
+    assert fused_linear_cross_entropy_loss(x, torch.zeros(6, dtype=torch.long), weight, reduction="sum") is result

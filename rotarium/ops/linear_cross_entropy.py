@@ -1,0 +1,146 @@
+"""Cross-entropy through the output projection, a chunk of tokens at a time: fla's ``fused_linear_cross_entropy_loss``.
+
+A causal LM's loss needs the ``[tokens, vocab]`` logits only long enough to turn them into a loss and a gradient. So
+each chunk of tokens is projected, reduced to its loss, and its logits' gradient is turned straight away into the
+gradients of the input and of the projection; the chunk's logits are then dropped. Nothing of size
+``[tokens, vocab]`` is ever held, at the price of computing the gradients during the forward (the backward only
+scales them by the incoming gradient), which is why this runs only where gradients are wanted or when asked.
+On CUDA with fla it runs fla's Triton kernel of the same signature.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+
+from rotarium.ops.backend import dispatch, use_fla
+
+REDUCTIONS = ("mean", "sum")
+
+
+class _LinearCrossEntropy(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, target, weight, bias, ignore_index, label_smoothing, logit_scale, logit_softcapping,
+                num_chunks, reduction):
+        N, V = x.shape[0], weight.shape[0]
+        needs_x, _, needs_weight, needs_bias = ctx.needs_input_grad[:4]
+        valid = target != ignore_index
+        # mean over the scored tokens, as F.cross_entropy (a tensor: counting them needs no host read)
+        loss_scale = valid.sum().clamp_min(1).reciprocal().float() if reduction == "mean" else None
+        grad_x = torch.empty_like(x) if needs_x else None
+        grad_weight = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device) if needs_weight else None
+        grad_bias = torch.zeros(V, dtype=torch.float32, device=weight.device) if needs_bias else None
+        loss = torch.zeros((), dtype=torch.float32, device=x.device)
+        chunk = max(1, math.ceil(N / num_chunks))
+        for start in range(0, N, chunk):
+            end = min(start + chunk, N)
+            x_chunk, chunk_valid = x[start:end], valid[start:end]
+            chunk_target = target[start:end].masked_fill(~chunk_valid, 0)
+            z = F.linear(x_chunk, weight, bias).float()
+            if logit_scale != 1.0:
+                z.mul_(logit_scale)
+            capped = None
+            if logit_softcapping is not None:
+                capped = z.div_(logit_softcapping).tanh_()
+                z = capped * logit_softcapping
+            lse = torch.logsumexp(z, -1)
+            per_token = lse - z.gather(1, chunk_target[:, None]).squeeze(1)
+            if label_smoothing:
+                per_token = (1 - label_smoothing) * per_token + label_smoothing * (lse - z.mean(-1))
+            loss += per_token.masked_fill(~chunk_valid, 0).sum()
+            if grad_x is None and grad_weight is None and grad_bias is None:
+                continue
+            # d loss / d z = softmax(z) - (1 - s) onehot(target) - s / V, zero on ignored tokens
+            grad_z = z.sub_(lse[:, None]).exp_()
+            grad_z[torch.arange(end - start, device=z.device), chunk_target] -= 1 - label_smoothing
+            if label_smoothing:
+                grad_z.sub_(label_smoothing / V)
+            grad_z.mul_(chunk_valid[:, None])
+            if loss_scale is not None:
+                grad_z.mul_(loss_scale)
+            if capped is not None:
+                grad_z.mul_(1 - capped.square())
+            if logit_scale != 1.0:
+                grad_z.mul_(logit_scale)
+            if grad_x is not None:
+                grad_x[start:end] = grad_z.to(weight.dtype) @ weight
+            if grad_weight is not None:
+                grad_weight += (grad_z.t() @ x_chunk.to(grad_z.dtype)).float()
+            if grad_bias is not None:
+                grad_bias += grad_z.sum(0)
+        if loss_scale is not None:
+            loss = loss * loss_scale
+        ctx.save_for_backward(grad_x, grad_weight, grad_bias)
+        ctx.dtypes = (weight.dtype, None if bias is None else bias.dtype)
+        return loss
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad_loss):
+        grad_x, grad_weight, grad_bias = ctx.saved_tensors
+        weight_dtype, bias_dtype = ctx.dtypes
+        scale = grad_loss.float()
+        return (
+            None if grad_x is None else (grad_x * scale.to(grad_x.dtype)),
+            None,
+            None if grad_weight is None else (grad_weight * scale).to(weight_dtype),
+            None if grad_bias is None else (grad_bias * scale).to(bias_dtype),
+            None, None, None, None, None, None,
+        )
+
+
+def fused_linear_cross_entropy_loss(
+    x: torch.Tensor,
+    target: torch.LongTensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    ignore_index: int = -100,
+    label_smoothing: float = 0.0,
+    logit_scale: float = 1.0,
+    logit_softcapping: float | None = None,
+    num_chunks: int = 8,
+    reduction: str = "mean",
+    *,
+    backend: str | None = None,
+) -> torch.Tensor:
+    """``cross_entropy(logit_scale * (x @ weight.T + bias), target)`` without materialising the logits.
+
+    Args:
+        x: ``[N, D]`` inputs of the projection (e.g. a causal LM's final hidden states, flattened).
+        target: ``[N]`` int64 classes in ``[0, V)``, or ``ignore_index`` for tokens that do not count.
+        weight: ``[V, D]``; bias: ``[V]`` or None.
+        label_smoothing: mass spread uniformly over the V classes, as ``F.cross_entropy``'s.
+        logit_scale: multiplies the logits; logit_softcapping: if given, logits become ``c * tanh(logits / c)``.
+        num_chunks: the tokens are processed in this many chunks (only one chunk's ``[N / num_chunks, V]`` logits
+            exist at a time).
+        reduction: ``"mean"`` over the tokens that count, or ``"sum"``.
+        backend: ``"auto"``, ``"torch"`` or ``"fla"`` (see :mod:`rotarium.ops.backend`).
+
+    Returns:
+        the scalar loss, float32.
+    """
+    if x.ndim != 2 or weight.ndim != 2 or x.shape[1] != weight.shape[1]:
+        raise ValueError(f"`x` must be [N, D] and `weight` [V, D] with the same D, got {tuple(x.shape)} and "
+                         f"{tuple(weight.shape)}")
+    if target.shape != x.shape[:1] or target.dtype not in (torch.int64, torch.int32):
+        raise ValueError(f"`target` must be an integer tensor of shape [N] = [{x.shape[0]}], got "
+                         f"{tuple(target.shape)} {target.dtype}")
+    if bias is not None and bias.shape != weight.shape[:1]:
+        raise ValueError(f"`bias` must have shape [V] = [{weight.shape[0]}], got {tuple(bias.shape)}")
+    if reduction not in REDUCTIONS:
+        raise ValueError(f"`reduction` must be one of {REDUCTIONS}, got {reduction!r}")
+    if not 0 <= label_smoothing < 1:
+        raise ValueError(f"`label_smoothing` must be in [0, 1), got {label_smoothing}")
+    if logit_softcapping is not None and not logit_softcapping > 0:
+        raise ValueError(f"`logit_softcapping` must be positive or None, got {logit_softcapping}")
+    if not isinstance(num_chunks, int) or num_chunks < 1:
+        raise ValueError(f"`num_chunks` must be a positive int, got {num_chunks!r}")
+    if dispatch("fused_linear_cross_entropy_loss", use_fla(backend, x)):
+        from fla.modules.fused_linear_cross_entropy import fused_linear_cross_entropy_loss as fla_loss
+
+        return fla_loss(x, target, weight, bias=bias, ignore_index=ignore_index, label_smoothing=label_smoothing,
+                        logit_scale=logit_scale, logit_softcapping=logit_softcapping, num_chunks=num_chunks,
+                        reduction=reduction)
+    return _LinearCrossEntropy.apply(x, target, weight, bias, ignore_index, label_smoothing, logit_scale,
+                                     logit_softcapping, num_chunks, reduction)

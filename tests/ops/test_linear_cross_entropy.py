@@ -1,0 +1,82 @@
+"""The chunked linear cross-entropy against the plain one (full logits, F.cross_entropy): loss and gradients."""
+import pytest
+import torch
+import torch.nn.functional as F
+
+from rotarium.ops.linear_cross_entropy import fused_linear_cross_entropy_loss
+from tests.asserts import assert_close
+
+N, D, V = 37, 16, 50
+
+
+def plain(x, target, weight, bias=None, ignore_index=-100, label_smoothing=0.0, logit_scale=1.0,
+          logit_softcapping=None, reduction="mean"):
+    logits = F.linear(x, weight, bias).float() * logit_scale
+    if logit_softcapping is not None:
+        logits = logit_softcapping * torch.tanh(logits / logit_softcapping)
+    return F.cross_entropy(logits, target, ignore_index=ignore_index, label_smoothing=label_smoothing,
+                           reduction=reduction)
+
+
+def leaves(dtype=torch.float32, bias=False, seed=0):
+    generator = torch.Generator().manual_seed(seed)
+    x = torch.randn(N, D, generator=generator, dtype=dtype).requires_grad_()
+    weight = torch.randn(V, D, generator=generator, dtype=dtype).requires_grad_()
+    b = torch.randn(V, generator=generator, dtype=dtype).requires_grad_() if bias else None
+    target = torch.randint(0, V, (N,), generator=generator)
+    target[::5] = -100
+    return x, target, weight, b
+
+
+def loss_and_grads(fn, x, target, weight, bias, **kwargs):
+    for t in (x, weight, bias):
+        if t is not None:
+            t.grad = None
+    loss = fn(x, target, weight, bias, **kwargs)
+    (loss * 1.7).backward()  # a gradient other than 1 reaches the backward
+    return loss.detach(), [t.grad.clone() for t in (x, weight, bias) if t is not None]
+
+
+@pytest.mark.parametrize("options", [
+    {},
+    {"reduction": "sum"},
+    {"label_smoothing": 0.1},
+    {"logit_scale": 0.5, "logit_softcapping": 3.0},
+    {"bias": True, "num_chunks": 3},
+    {"num_chunks": 100},  # more chunks than tokens
+], ids=lambda o: ",".join(o) or "default")
+def test_same_loss_and_gradients_as_the_full_logits(options):
+    options = dict(options)
+    x, target, weight, bias = leaves(bias=options.pop("bias", False))
+    num_chunks = options.pop("num_chunks", 4)
+    loss, grads = loss_and_grads(fused_linear_cross_entropy_loss, x, target, weight, bias, num_chunks=num_chunks,
+                                 **options)
+    loss_ref, grads_ref = loss_and_grads(plain, x, target, weight, bias, **options)
+    assert loss.dtype == torch.float32
+    assert_close(loss, loss_ref, 1e-5 * loss_ref.abs(), rtol=0)
+    for grad, grad_ref in zip(grads, grads_ref, strict=True):
+        assert_close(grad, grad_ref, 1e-5 * grad_ref.abs().max(), rtol=0)
+
+
+def test_every_token_ignored_gives_zero_loss_and_gradients():
+    x, target, weight, _ = leaves()
+    loss, grads = loss_and_grads(fused_linear_cross_entropy_loss, x, torch.full_like(target, -100), weight, None)
+    assert loss == 0 and all(bool((g == 0).all()) for g in grads)
+
+
+def test_no_gradients_computed_when_none_are_needed():
+    x, target, weight, _ = leaves()
+    with torch.no_grad():
+        loss = fused_linear_cross_entropy_loss(x, target, weight)
+    assert not loss.requires_grad
+    assert_close(loss, plain(x, target, weight).detach(), 1e-5, rtol=0)
+
+
+def test_bad_arguments_name_the_argument():
+    x, target, weight, _ = leaves()
+    with pytest.raises(ValueError, match="`target`"):
+        fused_linear_cross_entropy_loss(x, target[:-1], weight)
+    with pytest.raises(ValueError, match="`reduction`"):
+        fused_linear_cross_entropy_loss(x, target, weight, reduction="none")
+    with pytest.raises(ValueError, match="`weight`"):
+        fused_linear_cross_entropy_loss(x, target, weight[:, :-1])
