@@ -7,6 +7,8 @@ Both run on :func:`rotarium.ops.parallel_forgetting_attn`, and on
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -24,8 +26,8 @@ class SoftmaxAttention(nn.Module):
     fla's Transformer) or, with ``qk_norm_per_head``, a weight per head (fla's Forgetting Transformer, the FoX
     paper's "Pro" models); ``qk_norm_eps`` (default ``norm_eps``) matches the epsilon of the model converted.
 
-    The cache holds the rotated keys and values (RoVE's values are stored rotated), the cumulative log decay of
-    every cached position and the padding mask of the cached keys.
+    The layer's decoding state is a :class:`KVCache` (``state["kv"]``) of the rotated keys and values (RoVE's values
+    are stored rotated), with the positional layer's state beside it (``state["positional"]``).
     """
 
     def __init__(self, hidden_size: int, num_heads: int, positional: PositionalSettings,
@@ -83,33 +85,146 @@ class SoftmaxAttention(nn.Module):
         enc = self.positional(q, k, v, x, seq, state.get("positional"))
         g = seq.zero_padding(F.logsigmoid(self.fgate_proj(x).float())) if self.forget_gate else enc.log_decay
 
-        if not state and seq.mask is None:
-            o = parallel_forgetting_attn(enc.q, enc.k, enc.v, g, scale=self.scale, cu_seqlens=seq.cu_seqlens)
-            keys, values = enc.k, enc.v
-            key_mask = torch.ones(B, T, dtype=torch.bool, device=x.device)
-            log_decay_cumsum = None if g is None or not use_cache else g.cumsum(1)
+        cache: KVCache | None = state.get("kv")
+        if cache is None and seq.mask is None:
+            o = parallel_forgetting_attn(enc.q, enc.k, enc.v, g, scale=self.scale, cu_seqlens=seq.cu_seqlens,
+                                         cu_seqlens_cpu=seq.cu_seqlens_cpu)
+            cache = KVCache.start(enc.k, enc.v, None if g is None else g.cumsum(1)) if use_cache else None
         else:
-            keys = _append(state.get("keys"), enc.k)
-            values = _append(state.get("values"), enc.v)
-            current_mask = seq.mask if seq.mask is not None else torch.ones(B, T, dtype=torch.bool, device=x.device)
-            key_mask = _append(state.get("key_mask"), current_mask)
-            log_decay_cumsum = q_cumsum = None
+            q_cumsum = None
             if g is not None:
-                previous = state.get("log_decay_cumsum")
-                q_cumsum = g.cumsum(1) + (previous[:, -1:] if previous is not None else 0)
-                log_decay_cumsum = _append(previous, q_cumsum)
-            o = forgetting_attn_with_cache(enc.q, keys, values, q_cumsum, log_decay_cumsum, scale=self.scale,
-                                           attention_mask=None if bool(key_mask.all()) else key_mask)
+                q_cumsum = g.cumsum(1) if cache is None else g.cumsum(1) + cache.log_decay_cumsum[:, -1:]
+            if cache is None:
+                cache = KVCache.start(enc.k, enc.v, q_cumsum, seq.mask)
+            else:
+                cache = cache.append(enc.k, enc.v, q_cumsum, seq.mask)
+            o = forgetting_attn_with_cache(enc.q, cache.keys, cache.values, q_cumsum, cache.log_decay_cumsum,
+                                           scale=self.scale, attention_mask=cache.key_mask)
         o = enc.restore(o)
         if self.output_gate:
             o = o * torch.sigmoid(self.ogate_proj(x)).view(B, T, self.num_heads, self.head_dim)
         out = self.o_proj(o.reshape(B, T, -1))
         if not use_cache:
             return out, None
-        return out, {"keys": keys, "values": values, "key_mask": key_mask, "log_decay_cumsum": log_decay_cumsum,
-                     "positional": enc.state}
+        return out, {"kv": cache, "positional": enc.state}
 
 
-def _append(cached: torch.Tensor | None, new: torch.Tensor) -> torch.Tensor:
-    return new if cached is None else torch.cat([cached, new], dim=1)
+@dataclass(eq=False)
+class _Buffers:
+    """Storage shared by the states of one decoding chain: time-major ``[capacity, B, ...]`` tensors, of which the
+    first ``filled`` positions hold data."""
 
+    keys: torch.Tensor
+    values: torch.Tensor
+    log_decay_cumsum: torch.Tensor | None
+    key_mask: torch.Tensor | None
+    filled: int
+
+    @property
+    def capacity(self) -> int:
+        return self.keys.shape[0]
+
+    def tensors(self) -> tuple[torch.Tensor | None, ...]:
+        return self.keys, self.values, self.log_decay_cumsum, self.key_mask
+
+
+class KVCache:
+    """The KV cache of a softmax mixer: the keys and values (as the positional layer left them), the cumulative log
+    decay of every position and, once some padding was seen, the padding mask, for ``length`` positions.
+
+    Decoding appends one token at a time. The buffers keep room beyond ``length`` and write new tokens in place;
+    when they run out, the capacity doubles, so that n tokens cost O(n) copying in all rather than a copy of the
+    whole cache per token. The buffers are time-major (``[capacity, B, ...]``), so the filled part is one
+    contiguous block: fla's decoding kernel reads it where it lies (:func:`rotarium.ops.forgetting_attn_with_cache`
+    folds the batch into its heads). ``keys``, ``values``, ``log_decay_cumsum`` and ``key_mask`` are views
+    ``[B, length, ...]``. Whether any padding was seen is a Python fact (``key_mask`` is None until then), so
+    choosing the unpadded path never reads the device.
+
+    A state stays valid after it was continued: an append writes in place only into positions no state holds yet,
+    and copies when another state was already appended to the same buffers (two continuations of one prefix) or
+    when autograd records the step (it keeps the earlier views for the backward pass, and writing into their
+    storage would invalidate them).
+    """
+
+    def __init__(self, buffers: _Buffers, length: int):
+        self._buffers, self.length = buffers, length
+
+    @classmethod
+    def start(cls, k: torch.Tensor, v: torch.Tensor, log_decay_cumsum: torch.Tensor | None = None,
+              mask: torch.Tensor | None = None) -> KVCache:
+        """The cache of a first chunk ``k [B, T, H, K]``, ``v [B, T, H, V]``, ``log_decay_cumsum [B, T, HQ]``, ``mask
+        [B, T]`` (None: no padding); it holds the tensors as given, without room to grow until the first append."""
+        tensors = (k, v, log_decay_cumsum, mask)
+        t_major = [None if t is None else t.transpose(0, 1) for t in tensors]
+        return cls(_Buffers(*t_major, filled=k.shape[1]), k.shape[1])
+
+    @property
+    def batch_size(self) -> int:
+        return self._buffers.keys.shape[1]
+
+    @property
+    def capacity(self) -> int:
+        return self._buffers.capacity
+
+    def _view(self, t: torch.Tensor | None) -> torch.Tensor | None:
+        return None if t is None else t[:self.length].transpose(0, 1)
+
+    @property
+    def keys(self) -> torch.Tensor:
+        return self._view(self._buffers.keys)
+
+    @property
+    def values(self) -> torch.Tensor:
+        return self._view(self._buffers.values)
+
+    @property
+    def log_decay_cumsum(self) -> torch.Tensor | None:
+        return self._view(self._buffers.log_decay_cumsum)
+
+    @property
+    def key_mask(self) -> torch.Tensor | None:
+        """``[B, length]`` bool, True for real tokens; None when no padding was ever seen."""
+        return self._view(self._buffers.key_mask)
+
+    def append(self, k: torch.Tensor, v: torch.Tensor, log_decay_cumsum: torch.Tensor | None = None,
+               mask: torch.Tensor | None = None) -> KVCache:
+        """This cache followed by T more positions (shapes as in :meth:`start`); ``self`` stays valid."""
+        old, new = self._buffers, (k, v, log_decay_cumsum, mask)
+        if (log_decay_cumsum is None) != (old.log_decay_cumsum is None):
+            raise ValueError("`log_decay_cumsum` must be given at every step or at none")
+        length = self.length + k.shape[1]
+        records_grad = torch.is_grad_enabled() and any(
+            t is not None and t.requires_grad for t in (*new, *old.tensors()))
+        # (an inference-mode tensor cannot be written outside inference mode)
+        in_place = (old.filled == self.length and length <= old.capacity and not records_grad
+                    and all(t is None or t.is_contiguous() for t in old.tensors())
+                    and (torch.is_inference_mode_enabled() or not old.keys.is_inference()))
+        if in_place:
+            buffers = old
+        else:
+            # autograd keeps no spare room: it could not be written in place later
+            capacity = length if records_grad else max(length, 2 * old.capacity)
+            buffers = _Buffers(*[None if t is None else _grown(t, self.length, capacity) for t in old.tensors()],
+                               filled=self.length)
+        if mask is not None and buffers.key_mask is None:
+            buffers.key_mask = torch.ones(buffers.capacity, self.batch_size, dtype=torch.bool, device=k.device)
+        for buffer, t in zip(buffers.tensors(), new):
+            if buffer is not None:
+                buffer[self.length:length] = True if t is None else t.transpose(0, 1)
+        buffers.filled = length
+        return KVCache(buffers, length)
+
+    def select_rows(self, index: torch.Tensor) -> KVCache:
+        """The cache of the batch rows ``index`` (int64 ``[B']``, repeats allowed): beam reordering, expansion and
+        selection. The spare room is kept, so decoding goes on in place."""
+        index = index.to(self._buffers.keys.device)
+        buffers = _Buffers(*[None if t is None else t.index_select(1, index) for t in self._buffers.tensors()],
+                           filled=self.length)
+        return KVCache(buffers, self.length)
+
+
+def _grown(buffer: torch.Tensor, length: int, capacity: int) -> torch.Tensor:
+    """A contiguous ``[capacity, ...]`` copy of ``buffer``'s first ``length`` positions; the rest is unset."""
+    grown = buffer.new_empty(capacity, *buffer.shape[1:])
+    grown[:length] = buffer[:length]
+    return grown

@@ -2,26 +2,36 @@
 
 A layer's state is whatever its mixer needs to continue a sequence: recurrent states ``[B, H, K, V]``,
 short-convolution windows, the positional layer's offsets and cumulative angles, or the KV cache of a softmax
-mixer. Every entry has the batch on dim 0, so beam search, batch expansion and selection are index operations on
-dim 0 for every family alike.
+mixer. Every tensor entry has the batch on dim 0, and an entry that is an object (the softmax mixers' KV cache)
+selects its rows with ``select_rows(index)``, so beam search, batch expansion and selection are one row gather
+for every family alike.
 """
 from __future__ import annotations
 
-from collections.abc import Callable
+from typing import Any
 
 import torch
 from transformers.cache_utils import Cache
 
 
-def _map_tensors(value, fn: Callable[[torch.Tensor], torch.Tensor]):
+def _select_rows(value: Any, index: torch.Tensor) -> Any:
     if isinstance(value, torch.Tensor):
-        return fn(value)
+        return value.index_select(0, index.to(value.device))
     if isinstance(value, dict):
-        return {k: _map_tensors(v, fn) for k, v in value.items()}
+        return {k: _select_rows(v, index) for k, v in value.items()}
+    if hasattr(value, "select_rows"):
+        return value.select_rows(index)
     return value
 
 
 class RotariumCache(Cache):
+    """The states of every layer of one model, for one batch of sequences.
+
+    The model records (:meth:`record`) its settings (family, depth, the mixers' options) and the batch size at every
+    step, so that a cache handed to another model, or to inputs of another batch size, is refused by name
+    (:meth:`check_fits`) instead of being misread.
+    """
+
     is_compileable = False
 
     def __init__(self, num_layers: int = 0):
@@ -29,6 +39,35 @@ class RotariumCache(Cache):
         super().__init__(layers=[])
         self.states: list[dict | None] = [None] * num_layers
         self.seen_tokens = 0
+        self.built_for: dict[str, Any] | None = None
+        self._num_rows: int | None = None
+
+    @property
+    def batch_size(self) -> int:
+        """The batch size of the states held; -1 before the first step (transformers' convention)."""
+        return -1 if self._num_rows is None else self._num_rows
+
+    def record(self, built_for: dict[str, Any], batch_size: int) -> None:
+        self.built_for, self._num_rows = built_for, batch_size
+
+    def check_fits(self, built_for: dict[str, Any], batch_size: int, argument: str) -> None:
+        """Raises ``ValueError`` naming ``argument`` when the states held were written by a model with other
+        settings than ``built_for`` or for a batch of another size; an empty cache fits every model."""
+        advice = "pass the cache this model returned for these sequences, or None to start afresh"
+        if self.built_for is not None and self.built_for != built_for:
+            family, ours = self.built_for.get("family"), built_for.get("family")
+            if family != ours:
+                raise ValueError(f"`{argument}` holds the states of a {family} model, but this is a {ours} model; "
+                                 f"{advice}")
+            differ = [k for k in sorted(built_for.keys() | self.built_for.keys())
+                      if self.built_for.get(k) != built_for.get(k)]
+            details = "; ".join(f"{k}: {self.built_for.get(k)!r} in the cache, {built_for.get(k)!r} here"
+                                for k in differ)
+            raise ValueError(f"`{argument}` holds the states of a {family} model with other settings ({details}); "
+                             f"{advice}")
+        if self._num_rows is not None and self._num_rows != batch_size:
+            raise ValueError(f"`{argument}` holds states for a batch of {self.batch_size} sequences, but the inputs "
+                             f"have a batch of {batch_size}; {advice}")
 
     def __len__(self) -> int:
         return len(self.states)
@@ -80,17 +119,22 @@ class RotariumCache(Cache):
     def is_croppable(self) -> bool:
         return False
 
-    def _map(self, fn: Callable[[torch.Tensor], torch.Tensor]) -> None:
-        self.states = [_map_tensors(s, fn) for s in self.states]
+    def _select(self, index: torch.Tensor) -> None:
+        """Keeps the batch rows ``index`` (int64 ``[B']``, repeats allowed) of every state."""
+        self.states = [_select_rows(s, index) for s in self.states]
+        self._num_rows = len(index)
 
     def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
-        self._map(lambda t: t.index_select(0, beam_idx.to(t.device)))
+        self._select(beam_idx)
 
+    # Expansion and selection count the rows the model recorded; a cache no model has written to holds none.
     def batch_repeat_interleave(self, repeats: int) -> None:
-        self._map(lambda t: t.repeat_interleave(repeats, dim=0))
+        if self._num_rows is not None:
+            self._select(torch.arange(self._num_rows).repeat_interleave(repeats))
 
     def batch_select_indices(self, indices: torch.Tensor) -> None:
-        self._map(lambda t: t[indices.to(t.device)])
+        if self._num_rows is not None:
+            self._select(torch.arange(self._num_rows, device=indices.device)[indices])  # indices or a bool mask
 
     def crop(self, max_length: int) -> None:
         raise ValueError(
@@ -100,6 +144,7 @@ class RotariumCache(Cache):
     def reset(self) -> None:
         self.states = [None] * len(self.states)
         self.seen_tokens = 0
+        self.built_for = self._num_rows = None
 
     def update(self, *args, **kwargs):
         raise ValueError("RotariumCache is updated by rotarium's mixers through set_layer_state, not update()")

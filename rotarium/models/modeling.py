@@ -10,6 +10,7 @@ import math
 from typing import ClassVar, NamedTuple
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 from transformers import GenerationMixin, PreTrainedModel
 from transformers.modeling_outputs import BaseModelOutputWithPast, CausalLMOutputWithPast
@@ -23,6 +24,8 @@ from rotarium.models.configuration import (
     RotariumConfig,
     TransformerConfig,
 )
+from rotarium.ops.linear_cross_entropy import fused_linear_cross_entropy_loss
+from rotarium.ops.utils import checks_values
 
 try:  # transformers >= 5: init functions that skip tensors already loaded from a checkpoint
     from transformers import initialization as init
@@ -33,6 +36,7 @@ except ImportError:  # pragma: no cover
 CACHE_FIELD = "cache" if "cache" in {f.name for f in dataclasses.fields(CausalLMOutputWithPast)} else "past_key_values"
 # Output projections that write into the residual stream, scaled down with depth (GPT-2, fla's prenorm rescaling).
 RESIDUAL_PROJECTIONS = ("o_proj", "down_proj")
+IGNORE_INDEX = -100  # transformers' label for tokens that are not scored
 
 
 class RotariumPreTrainedModel(PreTrainedModel):
@@ -99,6 +103,7 @@ class RotariumModel(RotariumPreTrainedModel):
         ])
         self.norm = RMSNorm(config.hidden_size, eps=config.norm_eps)
         self.gradient_checkpointing = False
+        self.cache_settings = cache_settings(config)
         self.post_init()
 
     def get_input_embeddings(self) -> nn.Embedding:
@@ -125,6 +130,7 @@ class RotariumModel(RotariumPreTrainedModel):
         attention crosses them. ``cache`` is transformers' newer name for ``past_key_values``."""
         if (input_ids is None) == (inputs_embeds is None):
             raise ValueError("pass exactly one of `input_ids` and `inputs_embeds`")
+        self._check_tokens(input_ids, inputs_embeds)
         past = past_key_values if past_key_values is not None else cache
         output_hidden_states = (output_hidden_states if output_hidden_states is not None
                                 else self.config.output_hidden_states)
@@ -135,9 +141,14 @@ class RotariumModel(RotariumPreTrainedModel):
             raise ValueError(
                 f"`past_key_values` must be a RotariumCache (or None), got {type(past).__name__}; rotarium's mixers "
                 "keep recurrent states that transformers' key/value caches cannot hold")
-        if use_cache and past is None:
-            past = RotariumCache(len(self.layers))
         hidden_states = self.embed_tokens(input_ids) if inputs_embeds is None else inputs_embeds
+        if past is not None:
+            past.check_fits(self.cache_settings, hidden_states.shape[0],
+                            "past_key_values" if past_key_values is not None else "cache")
+        if use_cache:
+            if past is None:
+                past = RotariumCache(len(self.layers))
+            past.record(self.cache_settings, hidden_states.shape[0])
         seq = SequenceInfo.build(hidden_states, attention_mask, position_ids, cu_seqlens)
         all_hidden = []
         for idx, layer in enumerate(self.layers):
@@ -161,6 +172,30 @@ class RotariumModel(RotariumPreTrainedModel):
             return tuple(v for v in (hidden_states, past if use_cache else None, hidden) if v is not None)
         return BaseModelOutputWithPast(last_hidden_state=hidden_states, hidden_states=hidden,
                                        **{CACHE_FIELD: past if use_cache else None})
+
+    def _check_tokens(self, input_ids: torch.Tensor | None, inputs_embeds: torch.Tensor | None) -> None:
+        """Shapes always; the ids' range where reading them costs no synchronisation (see ``checks_values``)."""
+        name, x, layout = (("input_ids", input_ids, "[batch, seq_len]") if input_ids is not None
+                           else ("inputs_embeds", inputs_embeds, "[batch, seq_len, hidden_size]"))
+        if x.ndim != layout.count(",") + 1:
+            raise ValueError(f"`{name}` must have shape {layout}, got {tuple(x.shape)}")
+        if x.shape[0] == 0 or x.shape[1] == 0:
+            raise ValueError(f"`{name}` is empty (shape {tuple(x.shape)}): give at least one token per sequence")
+        if input_ids is None or not checks_values(input_ids):
+            return
+        vocab = self.embed_tokens.num_embeddings
+        outside = input_ids[(input_ids < 0) | (input_ids >= vocab)]
+        if outside.numel():
+            raise ValueError(f"`input_ids` holds the id {int(outside[0])}, outside the vocabulary of {vocab} tokens "
+                             f"(ids 0 to {vocab - 1})")
+
+
+def cache_settings(config: RotariumConfig) -> dict:
+    """What a model's decoding states depend on: its family, depth and the mixers' options (the positional
+    options among them). A :class:`RotariumCache` records them, to be refused by a model with others."""
+    kwargs = config.mixer_kwargs()
+    positional = dataclasses.asdict(kwargs.pop("positional"))
+    return {"family": config.family, "num_hidden_layers": config.num_hidden_layers, **kwargs, **positional}
 
 
 class RotariumForCausalLM(RotariumPreTrainedModel, GenerationMixin):
@@ -198,36 +233,64 @@ class RotariumForCausalLM(RotariumPreTrainedModel, GenerationMixin):
         logits_to_keep: int | torch.Tensor = 0,
         cu_seqlens: torch.LongTensor | None = None,
         cache: RotariumCache | None = None,
+        return_logits: bool = False,
         **kwargs,
     ) -> CausalLMOutputWithPast | tuple:
         """``labels`` are the input ids themselves (shifted inside); -100 is ignored, and so is every prediction
-        across a packed document boundary."""
+        across a packed document boundary.
+
+        With ``labels``, the loss goes through the output projection a chunk of tokens at a time
+        (:func:`rotarium.ops.fused_linear_cross_entropy_loss`), so the ``[tokens, vocab]`` logits and their gradient
+        never exist, and ``logits`` is None; ``return_logits=True`` computes the full logits as well, and the loss
+        from them. Without ``labels`` the logits are returned (the last ``logits_to_keep`` positions, or all).
+        """
         return_dict = return_dict if return_dict is not None else self.config.return_dict
         outputs = self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
                              past_key_values=past_key_values, cache=cache, inputs_embeds=inputs_embeds,
                              use_cache=use_cache, output_hidden_states=output_hidden_states, return_dict=True,
                              cu_seqlens=cu_seqlens)
         hidden_states = outputs.last_hidden_state
-        if isinstance(logits_to_keep, int):
-            kept = hidden_states[:, -logits_to_keep:] if logits_to_keep > 0 else hidden_states
-        else:
-            kept = hidden_states[:, logits_to_keep]
-        logits = self.lm_head(kept)
-        loss = None
+        logits = loss = None
+        if labels is None or return_logits:
+            if isinstance(logits_to_keep, int):
+                kept = hidden_states[:, -logits_to_keep:] if logits_to_keep > 0 else hidden_states
+            else:
+                kept = hidden_states[:, logits_to_keep]
+            logits = self.lm_head(kept)
         if labels is not None:
-            if logits.shape[1] != labels.shape[1]:
+            if labels.shape != hidden_states.shape[:2]:
+                raise ValueError(f"`labels` must have the inputs' shape [batch, seq_len] = "
+                                 f"{list(hidden_states.shape[:2])}, got {list(labels.shape)}")
+            if not isinstance(logits_to_keep, int) or logits_to_keep > 0:
                 raise ValueError("`labels` need the logits of every position: leave `logits_to_keep` at 0")
             if cu_seqlens is not None:
                 labels = labels.clone()
                 labels[:, cu_seqlens[1:-1]] = -100  # a document's first token is not predicted from the last one
             num_items = kwargs.get("num_items_in_batch")
-            loss = self.loss_function(logits=logits, labels=labels, vocab_size=self.config.vocab_size,
-                                      num_items_in_batch=num_items)
+            if logits is not None:
+                loss = self.loss_function(logits=logits, labels=labels, vocab_size=self.config.vocab_size,
+                                          num_items_in_batch=num_items)
+            else:
+                loss = self.chunked_loss(hidden_states, labels, num_items)
         past = getattr(outputs, CACHE_FIELD)
         if not return_dict:
             return tuple(v for v in (loss, logits, past, outputs.hidden_states) if v is not None)
         return CausalLMOutputWithPast(loss=loss, logits=logits, hidden_states=outputs.hidden_states,
                                       **{CACHE_FIELD: past})
+
+    def chunked_loss(self, hidden_states: torch.Tensor, labels: torch.Tensor,
+                     num_items_in_batch: torch.Tensor | int | None = None) -> torch.Tensor:
+        """transformers' causal-LM loss (position t predicts label t + 1; the mean over scored tokens, or the sum
+        over ``num_items_in_batch``) from the final hidden states ``[B, T, d]``, without the full logits."""
+        targets = F.pad(labels[:, 1:], (0, 1), value=IGNORE_INDEX)
+        loss = fused_linear_cross_entropy_loss(
+            hidden_states.reshape(-1, hidden_states.shape[-1]), targets.reshape(-1), self.lm_head.weight,
+            self.lm_head.bias, ignore_index=IGNORE_INDEX, reduction="mean" if num_items_in_batch is None else "sum")
+        if num_items_in_batch is None:
+            return loss
+        if isinstance(num_items_in_batch, torch.Tensor):
+            num_items_in_batch = num_items_in_batch.to(loss.device)
+        return loss / num_items_in_batch
 
 
 class GLAModel(RotariumModel):

@@ -1,4 +1,5 @@
 """The four families through the transformers API: loss, saving, generation, caching, positions."""
+import copy
 import inspect
 
 import pytest
@@ -26,6 +27,31 @@ def test_loss_is_finite_and_every_parameter_gets_a_gradient(family, pe):
     expected = torch.nn.functional.cross_entropy(logits[:, :-1].reshape(-1, VOCAB), labels[:, 1:].reshape(-1),
                                                  ignore_index=-100)
     assert torch.allclose(loss, expected, atol=1e-5)
+
+
+@pytest.mark.parametrize("family", ["gla", "transformer"])
+@pytest.mark.parametrize("packed", [False, True], ids=["batch", "packed"])
+def test_chunked_loss_equals_the_loss_from_full_logits(family, packed):
+    """With labels the loss goes through the output projection chunk by chunk and no logits are returned;
+    ``return_logits=True`` computes the full logits and the loss from them: the same loss and gradients."""
+    model = tiny_model(family, "rope").train()
+    generator = torch.Generator().manual_seed(3)
+    ids = torch.randint(0, VOCAB, (1, 30) if packed else (2, 24), generator=generator)
+    labels = ids.clone()
+    labels[0, 3:7] = -100
+    kwargs = {"cu_seqlens": torch.tensor([0, 11, 30])} if packed else {}
+    results = []
+    for options in ({}, {"return_logits": True}, {"num_items_in_batch": torch.tensor(17)},
+                    {"num_items_in_batch": torch.tensor(17), "return_logits": True}):
+        model.zero_grad()
+        out = model(ids, labels=labels, **kwargs, **options)
+        assert (out.logits is None) is not options.get("return_logits", False)
+        out.loss.backward()
+        results.append((out.loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters()}))
+    for (loss, grads), (loss_ref, grads_ref) in (results[:2], results[2:]):
+        assert torch.allclose(loss, loss_ref, rtol=1e-5, atol=0)
+        for name, grad in grads_ref.items():
+            assert torch.allclose(grads[name], grad, rtol=1e-4, atol=1e-5 * grad.abs().max()), name
 
 
 # The options that size heads apart from the width (Gated DeltaNet's published 6 heads of 256) and that give the
@@ -193,6 +219,35 @@ def test_sampling_and_beam_search_run_with_the_recurrent_cache():
         beams = model.generate(ids, max_new_tokens=8, num_beams=3, do_sample=False)
         beams_nocache = model.generate(ids, max_new_tokens=8, num_beams=3, do_sample=False, use_cache=False)
     assert torch.equal(beams, beams_nocache)
+
+
+@pytest.mark.parametrize("family", ["gla", "fox", "transformer"])
+def test_expanded_and_selected_cache_rows_continue_their_own_sequences(family):
+    model = tiny_model(family, "rope")
+    ids = torch.randint(0, VOCAB, (2, 12))
+    with torch.no_grad():
+        full = model(ids[[1, 0]], use_cache=False).logits
+        out = model(ids[:, :8], use_cache=True)
+        cache = out.cache if hasattr(out, "cache") else out.past_key_values
+        cache.batch_repeat_interleave(2)  # rows a a b b
+        cache.batch_select_indices(torch.tensor([2, 1]))  # rows b a
+        logits = [model(ids[[1, 0], t:t + 1], past_key_values=cache, use_cache=True).logits for t in range(8, 12)]
+    assert (torch.cat(logits, 1) - full[:, 8:]).abs().max() <= 1e-4
+
+
+@pytest.mark.parametrize("family", ["fox", "transformer"])
+def test_a_copied_prompt_cache_serves_several_continuations(family):
+    """transformers' prompt reuse: each continuation decodes from a deep copy of one prefilled cache."""
+    model = tiny_model(family, "rope")
+    prompt, endings = torch.randint(0, VOCAB, (1, 9)), torch.randint(0, VOCAB, (3, 1, 4))
+    with torch.no_grad():
+        out = model(prompt, use_cache=True)
+        prompt_cache = out.cache if hasattr(out, "cache") else out.past_key_values
+        for ending in endings:
+            cache = copy.deepcopy(prompt_cache)
+            logits = [model(ending[:, t:t + 1], past_key_values=cache, use_cache=True).logits for t in range(4)]
+            full = model(torch.cat([prompt, ending], 1), use_cache=False).logits[:, 9:]
+            assert (torch.cat(logits, 1) - full).abs().max() <= 1e-4
 
 
 def test_gradient_checkpointing_gives_the_same_gradients():

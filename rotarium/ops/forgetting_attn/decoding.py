@@ -1,9 +1,13 @@
-"""Forgetting attention of new queries against a KV cache (generation and left-padded prefill)."""
+"""Forgetting attention of new queries against a KV cache (generation and left-padded prefill).
+
+On CUDA, one-token steps run fla's decoding kernel (``fla.ops.attn.decoding.attn_decoding_one_step``); everything
+else, and every call elsewhere, runs the blockwise PyTorch path.
+"""
 from __future__ import annotations
 
 import torch
 
-from rotarium.ops.backend import use_fla
+from rotarium.ops.backend import dispatch, head_dim_limit, use_fla
 from rotarium.ops.forgetting_attn.parallel import block_attention, check_heads
 from rotarium.ops.utils import check_dims, check_same_device, check_same_dtype, check_tensor
 
@@ -35,8 +39,22 @@ def forgetting_attn_with_cache(
         attention_mask: ``[B, Tk]``, 1 for real tokens, 0 for padding (left-padded
             batches); padded keys get no weight, and a query without a visible key
             gives zeros.
-        backend: validated like every op's; fla has no kernel for this, so the
-            PyTorch path (blockwise over Tq, matmuls) runs on every device.
+        backend: ``"auto"``, ``"torch"`` or ``"fla"`` (see :mod:`rotarium.ops.backend`).
+            fla's kernel serves one query per row (Tq = 1) without gradients; other
+            calls run the PyTorch path (blockwise over Tq, matmuls) on every backend.
+
+    fla's kernel computes the same function with other inputs. It takes packed
+    sequences with one query at the end of each, and log gates whose cumulative sums
+    it forms itself, measuring the query's from the last key. So the fla path hands
+    it the differences of ``k_log_decay_cumsum`` as gates, and needs no
+    ``q_log_decay_cumsum``: a bias shared by all of a query's scores leaves its
+    softmax unchanged. The cumulative sums are thus formed twice, in float32, which
+    rounds the scores slightly differently from the PyTorch path. fla's kernel has no
+    padding mask: each row's real keys are gathered to the front of the row (in
+    order, a copy of the cache) and its padded keys become a sequence of their own,
+    whose output is dropped. Unpadded keys laid out time-major (``k.transpose(0, 1)``
+    contiguous, as :class:`rotarium.layers.attention.KVCache` keeps them) are read
+    where they lie, the batch folded into the heads.
 
     Returns:
         o ``[B, Tq, HQ, V]`` in the dtype of ``v``.
@@ -68,11 +86,59 @@ def forgetting_attn_with_cache(
         attention_mask=attention_mask,
     )
     check_same_dtype(q=q, k=k, v=v)
-    use_fla(backend, q)  # raises when "fla" is forced where it cannot run
+    to_fla = use_fla(backend, q, head_dim_limit("attn_decoding_one_step", K=K))
     if scale is None:
         scale = K ** -0.5
     key_mask = None if attention_mask is None else attention_mask != 0
+    records_grad = torch.is_grad_enabled() and any(
+        t is not None and t.requires_grad for t in (q, k, v, q_log_decay_cumsum, k_log_decay_cumsum))
+    if dispatch("forgetting_attn_with_cache", to_fla and Tq == 1 and not records_grad):
+        return _fla_decoding(q, k, v, k_log_decay_cumsum, scale, key_mask)
     o = block_attention(
         q, k, v, q_log_decay_cumsum, k_log_decay_cumsum, scale, q_offset=Tk - Tq, key_mask=key_mask
     )
     return o.to(v.dtype)
+
+
+def _fla_decoding(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cumsum: torch.Tensor | None, scale: float,
+                  key_mask: torch.Tensor | None) -> torch.Tensor:
+    """fla's one-step decoding for validated inputs with Tq = 1 (see :func:`forgetting_attn_with_cache`)."""
+    from fla.ops.attn.decoding import attn_decoding_one_step
+
+    B, Tk, H, K = k.shape
+    HQ, V = q.shape[2], v.shape[-1]
+    if key_mask is None and all(t is None or t.transpose(0, 1).is_contiguous() for t in (k, v, k_cumsum)):
+        # One sequence whose heads are the B * H (row, head) pairs: head b * H + h has query heads
+        # b * HQ + h * G ... b * HQ + (h + 1) * G - 1, fla's grouping.
+        o = attn_decoding_one_step(
+            q.reshape(1, 1, B * HQ, K), _fold(k), _fold(v), g=None if k_cumsum is None else _gates(_fold(k_cumsum)),
+            scale=scale, cu_seqlens=torch.arange(2, device=q.device) * Tk)
+        return o.view(B, 1, HQ, V)
+    starts = torch.arange(B, device=q.device) * Tk
+    if key_mask is None:
+        bounds, queries = torch.cat([starts, starts[-1:] + Tk]), q
+    else:
+        # Real keys first, in order; row b becomes the sequences [b Tk, b Tk + n_b) and [b Tk + n_b, (b + 1) Tk).
+        order = torch.sort(key_mask.to(torch.uint8), dim=1, descending=True, stable=True).indices
+        k, v = (t.gather(1, order[:, :, None, None].expand_as(t)) for t in (k, v))
+        if k_cumsum is not None:
+            k_cumsum = k_cumsum.gather(1, order[:, :, None].expand_as(k_cumsum))
+        real = starts + key_mask.sum(1)
+        bounds = torch.cat([torch.stack([starts, real], 1).flatten(), starts[-1:] + Tk])
+        queries = q.repeat_interleave(2, dim=0)  # the padding sequences get a query too; their outputs are dropped
+    gates = None if k_cumsum is None else _gates(k_cumsum.contiguous()).reshape(1, B * Tk, HQ)
+    o = attn_decoding_one_step(queries.reshape(1, -1, HQ, K), k.reshape(1, B * Tk, H, K),
+                               v.reshape(1, B * Tk, H, V), g=gates, scale=scale, cu_seqlens=bounds)
+    o = o.view(-1, 1, HQ, V)
+    return o if key_mask is None else o[0::2]
+
+
+def _fold(t: torch.Tensor) -> torch.Tensor:
+    """A time-major ``[B, T, H, ...]`` tensor as ``[1, T, B * H, ...]``, without a copy."""
+    return t.transpose(0, 1).reshape(1, t.shape[1], t.shape[0] * t.shape[2], *t.shape[3:])
+
+
+def _gates(cumsum: torch.Tensor) -> torch.Tensor:
+    """Log gates ``[N, T, H]`` whose cumulative sums along T are ``cumsum`` (each sequence's first gate is its
+    first cumulative value)."""
+    return torch.cat([cumsum[:, :1], cumsum[:, 1:] - cumsum[:, :-1]], dim=1)
