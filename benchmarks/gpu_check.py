@@ -1,212 +1,798 @@
-"""On a CUDA machine: every op's fla path against the PyTorch path (outputs, final states, gradients) and timings,
-then every family x positional option end to end (training loss and gradients, packed documents, cached decoding)
-with the ops forced to fla and to PyTorch.
+"""On a CUDA machine with fla: rotarium's fla path against its PyTorch path, in two parts run one at a time.
 
-Usage: ``python benchmarks/gpu_check.py [--T 4096] [--repeats 5] [--ops NAME,...] [--dtypes bf16,fp32]
-[--families gla,...] [--no-models]``. Exits non-zero when a comparison fails. Every line is printed as soon as it is
-measured, so a run cut short by a time limit still reports what it did. On a fresh machine most of the time goes to
-compiling and autotuning fla's Triton kernels, once per kernel and shape, so a short lease is best spent on a chosen
-subset (``--ops``, ``--families``) per call. CI never runs this (it needs a GPU).
+Usage::
+
+    python benchmarks/gpu_check.py --part ops    [--budget 180] [--only TEXT]... [--T 4096] [--repeats 3]
+    python benchmarks/gpu_check.py --part models [--budget 180] [--only TEXT]... [--batch 4] [--seq-len 2048]
+                                                 [--steps 3]
+    python benchmarks/gpu_check.py --part ops|models --dry-run      (CPU, tiny sizes: the script's own test)
+
+``--part ops`` calls each op with ``backend="fla"`` and with ``backend="torch"`` on the same CUDA inputs and compares
+outputs, final states and gradients (relative L2 errors). The rows follow training: packed sequences (``cu_seqlens``,
+one of them a single token) with a per-sequence initial and final state, and plain batches, forward and backward
+in bfloat16; a few tokens continuing from a state with gradients (how a model trains through decoding); the LM loss
+through the output projection (fused_linear_cross_entropy_loss, the 370M presets' width and vocabulary); the
+fused-recurrent decoding kernels and one-token attention against a KV cache (GQA, forget gate, left padding). Head
+sizes are the presets' largest: GLA keys 256 and values 512 (``gla-1.3b``), DeltaNet 128, the gated delta rule 256
+and 512 (Gated DeltaNet's published heads), attention 64, with GQA and a sliding ``window_size``. float32 rows
+(forward only: the evaluation CLIs' dtype) run with ``TRITON_F32_DEFAULT=ieee``, set before fla compiles anything, so
+fla's float32 matmuls are not TF32 and a tight tolerance holds. Then fwd+bwd timings of the token mixers' ops,
+bfloat16, batch 1 x ``--T`` tokens.
+
+``--part models`` trains: one AdamW step of each 370M preset (``gla-370m``, ``fox-370m``, ``deltanet-370m``, the
+same with ``use_gated_delta`` (Gated DeltaNet), ``transformer-370m``) under bfloat16 autocast on a packed batch of
+``--batch`` sequences of ``--seq-len`` tokens (cu_seqlens at every sequence and document start, as
+rotarium.data.batches builds it), reporting tokens/s; beside it fla's own model of the same preset (GLA, DeltaNet,
+Gated DeltaNet, Forgetting Transformer), built from the preset's fields with rotarium's model loaded from its
+weights, so the first losses must agree; fla's Transformer needs flash-attn and is skipped. Then every family
+(Gated DeltaNet included) x positional option end to end on the presets cut to 2 layers and 1024 tokens of
+vocabulary (FoX and the Transformer with ``qk_norm`` and GQA, so those are covered too), ops on fla
+(``ROTARIUM_OPS_BACKEND=auto`` on CUDA) against ops on PyTorch: loss and gradients of a plain batch and of packed
+documents, token-by-token decoding after a prefill against the PyTorch full forward, and gradients through decoding
+(a prefill, then a few tokens from the cache with gradients).
+
+Every fla run counts the ops' dispatches (rotarium.ops.backend.count_dispatches): a row passes only if fla really
+ran, and the PyTorch side never did. A PyTorch fallback known to be deliberate (fla's plain chunked delta rule
+refuses float32; fla refuses the gated delta rule's backward on Hopper with Triton < 3.7.1 unless tilelang is
+installed; fla's attention decoding kernel has no backward) makes the row KNOWN, with the reason, instead of failing it.
+
+Each row prints as soon as it is done (with the seconds elapsed: most of a first run is Triton compiling and
+autotuning fla's kernels), and each part ends with a PASS / KNOWN / SKIP / FAIL table. Rows not started within
+``--budget`` seconds are skipped, so the table prints inside a time limit. ``--only TEXT`` (repeatable) keeps the
+rows whose name contains one of the texts. ``--table PATH`` also writes the table to a file.
+
+``--dry-run`` builds and runs every row on CPU at tiny sizes with fla replaced by the PyTorch path (fla's kernels
+cannot run on CPU; fla's models are still built and their weights mapped into rotarium's), so the script cannot rot
+(tests/test_gpu_check.py). Exit status: 1 if a row FAILs, 3 if the budget left rows unrun, 2 where nothing can run
+(no GPU, no fla), else 0. fla is imported only when a row needs it.
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
+import gc
+import importlib
+import math
 import os
+import statistics
 import sys
+import time
+import traceback
+from collections import Counter
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from common import best, paired_ratio, time_rounds, verdict  # beside this script, first on sys.path
+from common import time_rounds, verdict  # beside this script, first on sys.path
 
 from rotarium import ops
+from rotarium.configs.presets import preset_config
+from rotarium.data.batches import collate
+from rotarium.hub.convert import (
+    FLA_QK_NORM_EPS,
+    fit_state_dict,
+    fla_config_classes,
+    map_fla_config,
+    rename_state_dict,
+)
 from rotarium.layers import POSITION_ENCODINGS
-from rotarium.models import CONFIGS, FAMILY_MODELS
-from rotarium.ops.backend import ENV_VAR
+from rotarium.models import FAMILY_MODELS, RotariumConfig
+from rotarium.models.modeling import CACHE_FIELD
+from rotarium.ops.backend import ENV_VAR, count_dispatches
+from rotarium.ops.delta_rule.chunk import fla_gated_backward_refused
+
+BF16, FP32 = torch.bfloat16, torch.float32
+DTYPE_NAMES = {BF16: "bf16", FP32: "fp32"}
+# Relative L2 errors. bf16: both sides read the same bf16 inputs; fla keeps bf16 intermediates where the PyTorch path
+# keeps float32, and a wiring error (scale, gate layout, state layout, a missing gradient) is of order 1, far above.
+# fp32 (ops only): IEEE matmuls on both sides.
+OP_TOL = {BF16: 3e-2, FP32: 1e-3}
+MODEL_TOL = 5e-2
+PEER_LOSS_TOL = 1e-2
 
 
-def inputs(B: int, T: int, H: int, K: int, V: int, dtype: torch.dtype) -> dict[str, torch.Tensor]:
-    dev = "cuda"
-    return {
-        "q": torch.randn(B, T, H, K, device=dev, dtype=dtype),
-        "k": F.normalize(torch.randn(B, T, H, K, device=dev), dim=-1).to(dtype),
-        "v": torch.randn(B, T, H, V, device=dev, dtype=dtype),
-        "g_channel": (F.logsigmoid(torch.randn(B, T, H, K, device=dev) + 3) / 16),
-        "g_head": F.logsigmoid(torch.randn(B, T, H, device=dev) + 3),
-        "beta": torch.rand(B, T, H, device=dev).to(dtype),
-        "h0": torch.randn(B, H, K, V, device=dev) * 0.1,
-    }
+# --------------------------------------------------------------------------------------------------- reporting
+
+@dataclass
+class Report:
+    """Rows as they finish: printed at once, then as a table."""
+
+    budget: float
+    only: list[str]
+    start: float = field(default_factory=time.perf_counter)
+    rows: list[tuple[str, str, str]] = field(default_factory=list)
+    over_budget: int = 0
+
+    def elapsed(self) -> float:
+        return time.perf_counter() - self.start
+
+    def say(self, line: str) -> None:
+        print(f"[{self.elapsed():5.0f}s] {line}", flush=True)
+
+    def run(self, name: str, check: Callable[[], tuple[str, str]]) -> None:
+        """Runs one row: ``check()`` returns ``(status, note)``; an exception fails the row, and the next one runs."""
+        if self.only and not any(text in name for text in self.only):
+            return
+        if self.elapsed() > self.budget:
+            status, note = "SKIP", f"the --budget of {self.budget:.0f}s was spent before this row"
+            self.over_budget += 1
+        else:
+            try:
+                status, note = check()
+            except Exception as error:  # noqa: BLE001 - reported as the row's failure; the next row still runs
+                first = str(error).splitlines()[0] if str(error) else ""
+                status, note = "FAIL", f"{type(error).__name__}: {first}"
+                where = traceback.format_exception(error, limit=-3)
+                print("".join(where[-4:]).rstrip(), flush=True)
+            finally:
+                release_memory()
+        self.rows.append((name, status, note))
+        self.say(f"{name}: {status}  {note}")
+
+    def table(self, title: str, path: str | None) -> int:
+        counts = Counter(status for _, status, _ in self.rows)
+        summary = ", ".join(f"{counts[s]} {s}" for s in ("PASS", "KNOWN", "SKIP", "FAIL"))
+        width = max((len(name) for name, _, _ in self.rows), default=10)
+        lines = [f"== {title}: {len(self.rows)} rows: {summary}; {self.elapsed():.0f}s ==",
+                 *(f"{name:<{width}}  {status:<5}  {note}" for name, status, note in self.rows)]
+        if self.over_budget:
+            lines.append(f"{self.over_budget} rows were not run: raise --budget or rerun them with --only")
+        text = "\n".join(lines)
+        print("\n" + text, flush=True)
+        if path:
+            Path(path).write_text(text + "\n", encoding="utf-8")
+        if counts["FAIL"]:
+            return 1
+        return 3 if self.over_budget else 0
 
 
-CASES = {
-    "chunk_gla": (lambda x, be: ops.chunk_gla(x["q"], x["k"], x["v"], x["g_channel"], initial_state=x["h0"],
-                                              output_final_state=True, backend=be), ("q", "k", "v", "g_channel", "h0")),
-    "chunk_delta_rule": (lambda x, be: ops.chunk_delta_rule(x["q"], x["k"], x["v"], x["beta"], initial_state=x["h0"],
-                                                            output_final_state=True, backend=be),
-                         ("q", "k", "v", "beta", "h0")),
-    "chunk_gated_delta_rule": (lambda x, be: ops.chunk_gated_delta_rule(
-        x["q"], x["k"], x["v"], x["g_head"], x["beta"], initial_state=x["h0"], output_final_state=True, backend=be),
-        ("q", "k", "v", "g_head", "beta", "h0")),
-    "parallel_forgetting_attn": (lambda x, be: ops.parallel_forgetting_attn(x["q"], x["k"], x["v"], x["g_head"],
-                                                                            backend=be), ("q", "k", "v", "g_head")),
-    "parallel_attn": (lambda x, be: ops.parallel_forgetting_attn(x["q"], x["k"], x["v"], backend=be),
-                               ("q", "k", "v")),
-}
+def release_memory() -> None:
+    """Hands a finished row's GPU memory back (the 370M models would otherwise pile up)."""
+    if torch.cuda.is_available():
+        gc.collect()
+        torch.cuda.empty_cache()
 
 
-# Decoding: a few new tokens continuing from a state (inference, so outputs and final states only).
-DECODING = {
-    "fused_recurrent_gla": lambda x, be: ops.fused_recurrent_gla(
-        x["q"], x["k"], x["v"], gk=x["g_channel"], initial_state=x["h0"], output_final_state=True, backend=be),
-    "fused_recurrent_delta_rule": lambda x, be: ops.fused_recurrent_delta_rule(
-        x["q"], x["k"], x["v"], x["beta"], initial_state=x["h0"], output_final_state=True, backend=be),
-    "fused_recurrent_gated_delta_rule": lambda x, be: ops.fused_recurrent_gated_delta_rule(
-        x["q"], x["k"], x["v"], x["g_head"], x["beta"], initial_state=x["h0"], output_final_state=True, backend=be),
-}
-
-
-def run_case(fn, x: dict[str, torch.Tensor], grad_names: tuple[str, ...], backend: str):
-    leaves = {n: t.detach().clone().requires_grad_(n in grad_names) for n, t in x.items()}
-    out = fn(leaves, backend)
-    o, state = out if isinstance(out, tuple) else (out, None)
-    loss = o.float().square().mean() + (state.square().mean() if state is not None else 0)
-    loss.backward()
-    return o.float(), state, {n: leaves[n].grad.float() for n in grad_names}
-
-
-def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
+def rel_err(a: torch.Tensor | None, b: torch.Tensor | None) -> float:
+    if a is None or b is None:
+        return float("inf") if (a is None) != (b is None) else 0.0
+    a, b = a.detach().float(), b.detach().float()
     return ((a - b).norm() / b.norm().clamp_min(1e-12)).item()
 
 
-def guarded(name: str, check) -> bool:
-    """Runs one comparison; an exception (a kernel that rejects a dtype or shape) fails it without ending the run,
-    so one launch on a lent machine reports every op."""
+def judged(errs: dict[str, float], tol: float) -> tuple[bool, str]:
+    good = all(e < tol for e in errs.values())  # NaN fails
+    return good, ", ".join(f"{k} {v:.1e}" for k, v in errs.items()) + f" (tol {tol:.0e})"
+
+
+# ------------------------------------------------------------------------------------------ which backend ran
+
+@dataclass(frozen=True)
+class Context:
+    device: str
+    dry_run: bool
+
+    @property
+    def fla_side(self) -> str:
+        """The backend the fla side must run: fla on a GPU; in a dry run fla is replaced by the PyTorch path."""
+        return "torch" if self.dry_run else "fla"
+
+
+def known_fallback(op: str, dtype: torch.dtype, grad: bool) -> str | None:
+    """Why ``op`` deliberately runs the PyTorch path on the fla side (a limit of fla, not a bug), or None."""
+    if op == "forgetting_attn_with_cache" and grad:
+        return "fla's attention decoding kernel has no backward"
+    if op == "chunk_delta_rule" and dtype == FP32:
+        return "fla's chunk_delta_rule refuses float32"
+    if op == "chunk_gated_delta_rule" and grad and fla_gated_backward_refused():
+        return ("fla refuses the gated delta rule's backward on Hopper with Triton < 3.7.1 (install tilelang or "
+                "Triton >= 3.7.1)")
+    return None
+
+
+def check_dispatches(calls: Counter, side: str, ctx: Context, dtype: torch.dtype,
+                     grad: bool) -> tuple[list[str], list[str]]:
+    """``(problems, known fallbacks)`` of one side's op calls: the PyTorch side (and the fla side of a dry run) may
+    run no fla; on a GPU the fla side must run fla, and PyTorch only where :func:`known_fallback` says why."""
+    problems: list[str] = []
+    known: list[str] = []
+    if not calls:
+        return [f"the {side} side made no op call"], known
+    expected = ctx.fla_side if side == "fla" else "torch"
+    if expected == "torch":
+        fla_ops = sorted(op for (op, backend) in calls if backend == "fla")
+        if fla_ops:
+            problems.append(f"the {side} side ran fla for {fla_ops}")
+        return problems, known
+    if not any(backend == "fla" for (_, backend) in calls):
+        problems.append("the fla side never ran fla")
+    for (op, backend), n in sorted(calls.items()):
+        if backend == "torch":
+            reason = known_fallback(op, dtype, grad)
+            if reason is None:
+                problems.append(f"{op} ran the PyTorch path on the fla side ({n} calls)")
+            elif f"{op}: {reason}" not in known:
+                known.append(f"{op}: {reason}")
+    return problems, known
+
+
+def row_status(good: bool, problems: list[str], known: list[str], note: str) -> tuple[str, str]:
+    parts = [note, *(f"dispatch: {p}" for p in problems), *(f"known fallback: {k}" for k in known)]
+    text = "; ".join(p for p in parts if p)
+    if not good or problems:
+        return "FAIL", text
+    return ("KNOWN" if known else "PASS"), text
+
+
+@contextlib.contextmanager
+def ops_backend(value: str) -> Iterator[None]:
+    """``ROTARIUM_OPS_BACKEND`` set to ``value`` inside the block (how a model's ops are steered)."""
+    old = os.environ.get(ENV_VAR)
+    os.environ[ENV_VAR] = value
     try:
-        return check()
-    except Exception as error:  # noqa: BLE001 - reported, counted as a failure, and the next op still runs
-        print(f"{name}: ERROR {type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}  FAIL")
-        return False
+        yield
+    finally:
+        if old is None:
+            os.environ.pop(ENV_VAR, None)
+        else:
+            os.environ[ENV_VAR] = old
 
 
-def report(name: str, errs: dict[str, float], tol: float) -> bool:
-    """Prints one comparison's relative errors; whether all are under ``tol``."""
-    good = all(e < tol for e in errs.values())
-    print(f"{name}: " + ", ".join(f"{k} {v:.1e}" for k, v in errs.items()) + f"  {verdict(good)}")
-    return good
+# --------------------------------------------------------------------------------------------------- the ops
+
+def op_inputs(B: int, T: int, H: int, K: int, V: int, dtype: torch.dtype, device: str, HQ: int | None = None,
+              cu: tuple[int, ...] | None = None, window: int | None = None) -> dict[str, torch.Tensor | int | None]:
+    """Inputs of every op, drawn on CPU (the same numbers on any device). q, k, v in ``dtype``; the gates, beta and
+    the states float32, as the layers pass them. ``cu``: packed sequences (B must be 1), one state each."""
+    gen = torch.Generator().manual_seed(0)
+    HQ = HQ or H
+    N = B if cu is None else len(cu) - 1
+
+    def randn(*shape: int) -> torch.Tensor:
+        return torch.randn(*shape, generator=gen)
+
+    x = {
+        "q": randn(B, T, HQ, K).to(dtype),
+        "k": F.normalize(randn(B, T, H, K), dim=-1).to(dtype),
+        "v": randn(B, T, H, V).to(dtype),
+        "g_channel": F.logsigmoid(randn(B, T, H, K) + 3) / 16,
+        "g_head": F.logsigmoid(randn(B, T, HQ) + 3),
+        "beta": torch.rand(B, T, H, generator=gen),
+        "h0": randn(N, H, K, V) * 0.1,
+        "cu_seqlens": None if cu is None else torch.tensor(cu, dtype=torch.long),
+    }
+    x = {name: None if t is None else t.to(device) for name, t in x.items()}
+    x["window"] = window
+    return x
 
 
-def model_checks(tol: float, families: list[str], dev: str = "cuda") -> bool:
-    """Tiny models of every family x positional option under bf16 autocast (how they train on a GPU), ops forced to
-    fla and then to PyTorch: loss and gradients of a batch, loss of packed documents, and on the fla path a prefill
-    followed by token-by-token decoding against the full forward's logits."""
-    ok = True
-    for family in families:
+def cache_inputs(B: int, T: int, H: int, HQ: int, K: int, dtype: torch.dtype, device: str, gate: bool,
+                 padded: bool) -> dict[str, torch.Tensor | None]:
+    """One new query per row against T cached keys (the new token's included): forget-gate cumulative sums when
+    ``gate``, and the first row left-padded by a third when ``padded``."""
+    gen = torch.Generator().manual_seed(0)
+    k_cumsum = F.logsigmoid(torch.randn(B, T, HQ, generator=gen) + 3).cumsum(1) if gate else None
+    mask = None
+    if padded:
+        mask = torch.ones(B, T, dtype=torch.long)
+        mask[0, :T // 3] = 0
+    x = {"q": torch.randn(B, 1, HQ, K, generator=gen).to(dtype), "k": torch.randn(B, T, H, K, generator=gen).to(dtype),
+         "v": torch.randn(B, T, H, K, generator=gen).to(dtype), "k_cumsum": k_cumsum, "mask": mask,
+         "q_cumsum": None if k_cumsum is None else k_cumsum[:, -1:].clone()}
+    return {name: None if t is None else t.to(device) for name, t in x.items()}
+
+
+def loss_inputs(N: int, D: int, V: int, dtype: torch.dtype, device: str) -> dict[str, torch.Tensor]:
+    """Final hidden states ``[N, D]``, the LM head ``[V, D]`` and targets with every seventh ignored."""
+    gen = torch.Generator().manual_seed(0)
+    target = torch.randint(0, V, (N,), generator=gen)
+    target[::7] = -100
+    x = {"x": torch.randn(N, D, generator=gen).to(dtype), "target": target,
+         "weight": (torch.randn(V, D, generator=gen) * 0.02).to(dtype)}
+    return {name: t.to(device) for name, t in x.items()}
+
+
+def _state(x: dict) -> dict:
+    return {"initial_state": x["h0"], "output_final_state": True}
+
+
+CALLS: dict[str, Callable[[dict, str], object]] = {
+    "chunk_gla": lambda x, be: ops.chunk_gla(x["q"], x["k"], x["v"], x["g_channel"], **_state(x),
+                                             cu_seqlens=x["cu_seqlens"], backend=be),
+    "chunk_delta_rule": lambda x, be: ops.chunk_delta_rule(x["q"], x["k"], x["v"], x["beta"], **_state(x),
+                                                           cu_seqlens=x["cu_seqlens"], backend=be),
+    "chunk_gated_delta_rule": lambda x, be: ops.chunk_gated_delta_rule(
+        x["q"], x["k"], x["v"], x["g_head"], x["beta"], **_state(x), cu_seqlens=x["cu_seqlens"], backend=be),
+    "parallel_forgetting_attn": lambda x, be: ops.parallel_forgetting_attn(
+        x["q"], x["k"], x["v"], x["g_head"], window_size=x["window"], cu_seqlens=x["cu_seqlens"], backend=be),
+    # g None: plain causal softmax attention, which routes to fla's parallel_attn
+    "parallel_attn": lambda x, be: ops.parallel_forgetting_attn(
+        x["q"], x["k"], x["v"], window_size=x["window"], cu_seqlens=x["cu_seqlens"], backend=be),
+    "fused_recurrent_gla": lambda x, be: ops.fused_recurrent_gla(x["q"], x["k"], x["v"], gk=x["g_channel"],
+                                                                 **_state(x), backend=be),
+    "fused_recurrent_delta_rule": lambda x, be: ops.fused_recurrent_delta_rule(x["q"], x["k"], x["v"], x["beta"],
+                                                                               **_state(x), backend=be),
+    "fused_recurrent_gated_delta_rule": lambda x, be: ops.fused_recurrent_gated_delta_rule(
+        x["q"], x["k"], x["v"], x["g_head"], x["beta"], **_state(x), backend=be),
+    "forgetting_attn_with_cache": lambda x, be: ops.forgetting_attn_with_cache(
+        x["q"], x["k"], x["v"], x["q_cumsum"], x["k_cumsum"], attention_mask=x["mask"], backend=be),
+    "fused_linear_cross_entropy_loss": lambda x, be: ops.fused_linear_cross_entropy_loss(
+        x["x"], x["target"], x["weight"], backend=be),
+}
+# The inputs of each call (op_inputs where not named).
+INPUTS = {"forgetting_attn_with_cache": cache_inputs, "fused_linear_cross_entropy_loss": loss_inputs}
+# The name each call records in the dispatch counter.
+DISPATCHED = {name: "parallel_forgetting_attn" if name == "parallel_attn" else name for name in CALLS}
+# Differentiated inputs of each op (the state too, unless the row says otherwise).
+GRADS = {"chunk_gla": ("q", "k", "v", "g_channel", "h0"), "chunk_delta_rule": ("q", "k", "v", "beta", "h0"),
+         "chunk_gated_delta_rule": ("q", "k", "v", "g_head", "beta", "h0"),
+         "parallel_forgetting_attn": ("q", "k", "v", "g_head"), "parallel_attn": ("q", "k", "v"),
+         "fused_linear_cross_entropy_loss": ("x", "weight")}
+# Head sizes: the presets' largest (GLA: gla-1.3b; the gated delta rule: Gated DeltaNet's published 256 x 512); the
+# loss: the 370M presets' width and vocabulary.
+SIZES = {"chunk_gla": {"H": 2, "K": 256, "V": 512}, "fused_recurrent_gla": {"H": 2, "K": 256, "V": 512},
+         "chunk_delta_rule": {"H": 4, "K": 128, "V": 128}, "fused_recurrent_delta_rule": {"H": 4, "K": 128, "V": 128},
+         "chunk_gated_delta_rule": {"H": 2, "K": 256, "V": 512},
+         "fused_recurrent_gated_delta_rule": {"H": 2, "K": 256, "V": 512},
+         "parallel_forgetting_attn": {"H": 4, "K": 64, "V": 64}, "parallel_attn": {"H": 4, "K": 64, "V": 64},
+         "forgetting_attn_with_cache": {"H": 2, "HQ": 4, "K": 64},
+         "fused_linear_cross_entropy_loss": {"D": 1024, "V": 32000}}
+
+
+@dataclass(frozen=True)
+class OpRow:
+    name: str
+    call: str  # a key of CALLS
+    shape: dict  # op_inputs' sizes beyond the heads
+    grads: tuple[str, ...]  # empty: inference
+
+
+def op_rows(dry_run: bool) -> list[tuple[OpRow, torch.dtype]]:
+    """Every ops row, most telling first (a run cut short by --budget keeps those): packed training, training
+    through decoding, plain batches, decoding, float32."""
+    T = 100 if dry_run else 1000  # not a multiple of 64, so every kernel sees a partial chunk
+    cu = (0, 30, 31, 70, 100) if dry_run else (0, 70, 71, 530, 1000)  # a one-token sequence among them
+    packed = {"B": 1, "T": cu[-1], "cu": cu}
+    batch = {"B": 2, "T": T}
+    steps = {"B": 2, "T": 5}  # a few tokens continuing from a state, as decoding with gradients
+    window = T // 8
+    gqa = {"HQ": 4, "H": 2}
+    chunked = ("chunk_gla", "chunk_delta_rule", "chunk_gated_delta_rule")
+    attention = ("parallel_forgetting_attn", "parallel_attn")
+    rows = [(OpRow(f"bf16 {name} packed, per-sequence h0 and final states, fwd+bwd", name, packed, GRADS[name]), BF16)
+            for name in chunked]
+    rows += [(OpRow(f"bf16 {name} packed GQA 4/2, fwd+bwd", name, {**packed, **gqa}, GRADS[name]), BF16)
+             for name in attention]
+    rows += [(OpRow(f"bf16 parallel_forgetting_attn packed GQA 4/2 window {window}, fwd+bwd",
+                    "parallel_forgetting_attn", {**packed, **gqa, "window": window}, GRADS["parallel_forgetting_attn"]),
+              BF16)]
+    rows += [(OpRow(f"bf16 {name} 5 tokens from a state, grads (not of the state)", name, steps, GRADS[name][:-1]),
+              BF16) for name in chunked]
+    rows += [(OpRow(f"bf16 {name} batch, h0, fwd+bwd", name, batch, GRADS[name]), BF16) for name in chunked]
+    rows += [(OpRow("bf16 parallel_forgetting_attn batch, fwd+bwd", "parallel_forgetting_attn", batch,
+                    GRADS["parallel_forgetting_attn"]), BF16),
+             (OpRow(f"bf16 parallel_attn batch window {window}, fwd+bwd", "parallel_attn", {**batch, "window": window},
+                    GRADS["parallel_attn"]), BF16)]
+    rows += [(OpRow("bf16 fused_linear_cross_entropy_loss, 1/7 ignored, fwd+bwd", "fused_linear_cross_entropy_loss",
+                    {"N": 64, "D": 64, "V": 512} if dry_run else {"N": 2048}, GRADS["fused_linear_cross_entropy_loss"]),
+              BF16)]
+    for dtype in (BF16, FP32):
+        name = DTYPE_NAMES[dtype]
+        rows += [(OpRow(f"{name} {op} 8 tokens from a state", op, {"B": 2, "T": 8}, ()), dtype)
+                 for op in ("fused_recurrent_gla", "fused_recurrent_delta_rule", "fused_recurrent_gated_delta_rule")]
+        rows += [(OpRow(f"{name} forgetting_attn_with_cache 1 token, GQA 4/2, {what}", "forgetting_attn_with_cache",
+                        {"B": 2, "T": T, "gate": gate, "padded": padded}, ()), dtype)
+                 for what, gate, padded in (("forget gate", True, False), ("left-padded", False, True))]
+    rows += [(OpRow(f"fp32 {name} batch, fwd", name, batch, ()), FP32) for name in (*chunked, *attention)]
+    return rows
+
+
+def run_op(row: OpRow, x: dict, backend: str, grads: tuple[str, ...]) -> tuple[dict[str, torch.Tensor | None],
+                                                                               Counter]:
+    """One side of a row: its output, final state and the gradients of ``grads``, and the dispatches it made."""
+    leaves = {n: t.detach().clone().requires_grad_(n in grads) if isinstance(t, torch.Tensor) else t
+              for n, t in x.items()}
+    with count_dispatches() as calls, torch.set_grad_enabled(bool(grads)):
+        out = CALLS[row.call](leaves, backend)
+        o, state = out if isinstance(out, tuple) else (out, None)
+        if grads:
+            loss = o.float().square().mean() + (state.square().mean() if state is not None else 0)
+            loss.backward()
+    result = {"o": o.detach(), "state": None if state is None else state.detach()}
+    return result | {f"d{n}": leaves[n].grad for n in grads}, calls
+
+
+def check_op(row: OpRow, dtype: torch.dtype, ctx: Context) -> tuple[str, str]:
+    op = DISPATCHED[row.call]
+    x = INPUTS.get(row.call, op_inputs)(**{**SIZES[row.call], **row.shape}, dtype=dtype, device=ctx.device)
+    whole = known_fallback(op, dtype, grad=False)
+    if whole is not None:
+        # fla cannot take the call at all: what must hold is that "auto" routes it to the PyTorch path and runs
+        _, calls = run_op(row, x, "auto", row.grads)
+        problems, _ = check_dispatches(calls, "torch", ctx, dtype, bool(row.grads))
+        return row_status(True, problems, [f"{op}: {whole}"], "not compared: the auto backend ran the PyTorch path")
+    grads, note = row.grads, ""
+    if grads and not ctx.dry_run and known_fallback(op, dtype, grad=True) is not None:
+        grads, note = (), "forward only"
+    ours, torch_calls = run_op(row, x, "torch", grads)
+    theirs, fla_calls = run_op(row, x, ctx.fla_side, grads)
+    errs = {name: rel_err(theirs[name], ours[name]) for name in ours
+            if ours[name] is not None or theirs[name] is not None}
+    good, text = judged(errs, OP_TOL[dtype])
+    problems, known = check_dispatches(fla_calls, "fla", ctx, dtype, bool(grads))
+    problems += check_dispatches(torch_calls, "torch", ctx, dtype, bool(grads))[0]
+    if note:
+        known.append(f"{op}: {known_fallback(op, dtype, grad=True)}; {note}")
+    return row_status(good, problems, known, text)
+
+
+def time_op(name: str, T: int, repeats: int, ctx: Context) -> tuple[str, str]:
+    """fwd+bwd of one op, bf16, batch 1 x T, on each backend (forward only where fla refuses the backward)."""
+    op = DISPATCHED[name]
+    grads = GRADS[name]
+    note = ""
+    if not ctx.dry_run and known_fallback(op, BF16, grad=True) is not None:
+        grads, note = (), " (forward only: fla refuses the backward here)"
+    row = OpRow(name, name, {}, grads)
+    x = op_inputs(**SIZES[name], B=1, T=T, dtype=BF16, device=ctx.device)
+    samples = time_rounds({backend: lambda backend=backend: run_op(row, x, backend, grads)
+                           for backend in dict.fromkeys((ctx.fla_side, "torch"))}, repeats)
+    times = {backend: statistics.median(s) for backend, s in samples.items()}
+    text = " | ".join(f"{backend} {t * 1e3:.2f} ms" for backend, t in times.items())
+    if len(times) == 2:
+        text += f" | torch/fla {times['torch'] / times['fla']:.1f}x"
+    return "PASS", text + note + (" (dry run: both sides are the PyTorch path)" if ctx.dry_run else "")
+
+
+def ops_part(report: Report, ctx: Context, args: argparse.Namespace) -> None:
+    for row, dtype in op_rows(ctx.dry_run):
+        report.run(row.name, lambda row=row, dtype=dtype: check_op(row, dtype, ctx))
+    T = 128 if ctx.dry_run else args.T
+    for name in ("chunk_gla", "chunk_delta_rule", "chunk_gated_delta_rule", "parallel_forgetting_attn",
+                 "parallel_attn"):
+        report.run(f"time bf16 {name} fwd+bwd, 1 x {T} tokens",
+                   lambda name=name: time_op(name, T, 1 if ctx.dry_run else args.repeats, ctx))
+
+
+# ------------------------------------------------------------------------------------------------ the models
+
+# The 370M training rows: row name -> (preset, overrides).
+PRESET_ROWS = {
+    "gla-370m": ("gla-370m", {}),
+    "fox-370m": ("fox-370m", {}),
+    "deltanet-370m": ("deltanet-370m", {}),
+    "gated-deltanet-370m": ("deltanet-370m", {"use_gated_delta": True}),
+    "transformer-370m": ("transformer-370m", {}),
+}
+# The end-to-end rows: family -> (preset, overrides); each with every positional option. QK-norm and GQA on where
+# the family has them (the presets leave them off, and the 370M rows run those).
+FAMILY_ROWS = {
+    "gla": ("gla-370m", {}),
+    "fox": ("fox-370m", {"qk_norm": True, "num_kv_heads": 4}),
+    "deltanet": ("deltanet-370m", {}),
+    "gated-deltanet": ("deltanet-370m", {"use_gated_delta": True}),
+    "transformer": ("transformer-370m", {"qk_norm": True, "num_kv_heads": 4}),
+}
+# A dry run's models: the preset's options at a tiny width.
+TINY = {"hidden_size": 64, "vocab_size": 256, "intermediate_size": 128}
+# fla's causal-LM class of each fla model type the presets map to.
+FLA_MODELS = {"gla": "GLAForCausalLM", "delta_net": "DeltaNetForCausalLM",
+              "gated_deltanet": "GatedDeltaNetForCausalLM",
+              "forgetting_transformer": "ForgettingTransformerForCausalLM"}
+
+
+class NoPeer(Exception):
+    """fla has no model that computes what this config does."""
+
+
+def fla_peer_config(config: RotariumConfig, head_k_dim: int, head_v_dim: int) -> tuple[str, dict]:
+    """``(fla model type, fla config kwargs)`` of the model that computes what ``config`` does: the inverse of
+    rotarium.hub.convert.map_fla_config (fla's fused kernels and loss left at fla's defaults, how fla trains).
+    ``head_*_dim``: the sizes of the config's heads, as its mixer builds them."""
+    if config.family == "transformer":
+        raise NoPeer("fla's Transformer cannot be built without flash-attn (not a dependency of fla)")
+    if config.position_encoding != "nope":
+        raise NoPeer(f"fla's models have no {config.position_encoding} positional layer")
+    shared = {name: getattr(config, name) for name in (
+        "vocab_size", "hidden_size", "num_hidden_layers", "num_heads", "intermediate_size", "norm_eps",
+        "initializer_range", "tie_word_embeddings", "use_cache", "pad_token_id", "bos_token_id", "eos_token_id")}
+    shared["hidden_act"] = "swish"
+    linear = {**shared, "max_position_embeddings": config.max_position_embeddings}
+    if config.family == "gla":
+        if (config.gate_low_rank_dim, config.gate_logit_normalizer, config.head_dim) != (16, 16.0, None):
+            raise NoPeer("fla's GLA fixes the gate's rank and normaliser at 16 and splits the width into heads")
+        return "gla", {**linear, "expand_k": config.expand_k, "expand_v": config.expand_v,
+                       "use_short_conv": config.use_short_conv, "conv_size": config.conv_size,
+                       "use_output_gate": True}
+    if config.family == "deltanet":
+        if not config.use_short_conv:
+            raise NoPeer("fla's DeltaNet applies SiLU to q, k, v even without its convolutions")
+        common = {**linear, "use_short_conv": True, "conv_size": config.conv_size, "use_gate": config.use_output_gate}
+        if config.use_gated_delta:
+            return "gated_deltanet", {**common, "head_dim": head_k_dim, "expand_v": head_v_dim / head_k_dim}
+        if config.head_dim is not None:
+            raise NoPeer("fla's DeltaNet splits the width into heads (no head_dim)")
+        return "delta_net", {**common, "expand_k": config.expand_k, "expand_v": config.expand_v}
+    if config.head_dim not in (None, config.hidden_size // config.num_heads):
+        raise NoPeer("fla's Forgetting Transformer splits the width into heads (no head_dim)")
+    if config.qk_norm and (not config.qk_norm_per_head or config.qk_norm_eps != FLA_QK_NORM_EPS):
+        raise NoPeer(f"fla's Forgetting Transformer's QK-norm has a weight per head and epsilon {FLA_QK_NORM_EPS}")
+    return "forgetting_transformer", {**shared, "num_kv_heads": config.num_kv_heads,
+                                      "qkv_bias": config.attention_bias, "qk_norm": config.qk_norm,
+                                      "use_output_gate": config.output_gate, "window_size": None}
+
+
+def build_peer(ours: torch.nn.Module, device: str) -> torch.nn.Module:
+    """fla's model of ``ours``'s config, whose weights ``ours`` then loads: both start from the same point. Mapping
+    the peer back (convert's map_fla_config, fit_state_dict) checks the config was inverted exactly."""
+    mixer = ours.model.layers[0].mixer
+    model_type, kwargs = fla_peer_config(ours.config, getattr(mixer, "head_k_dim", None),
+                                         getattr(mixer, "head_v_dim", None))
+    try:
+        fla_models = importlib.import_module("fla.models")
+        config_class = fla_config_classes()[model_type]
+    except Exception as error:  # a missing or broken fla is the reason printed
+        raise NoPeer(f"fla cannot be imported: {type(error).__name__}: {error}") from error
+    fla_config = config_class(**kwargs)
+    family, _ = map_fla_config(model_type, fla_config)
+    if family != ours.config.family:
+        raise ValueError(f"the fla config maps back to {family}, not {ours.config.family}")
+    with torch.device(device):
+        peer = getattr(fla_models, FLA_MODELS[model_type])(fla_config).to(device)
+    ours.load_state_dict(fit_state_dict(ours, rename_state_dict(model_type, peer.state_dict()), model_type,
+                                        fla_config))
+    return peer
+
+
+def build_model(config: RotariumConfig, device: str) -> torch.nn.Module:
+    """rotarium's model, initialised on ``device`` (fast for 370M) and then moved there as users move it, which
+    catches a tensor a module creates on the CPU."""
+    torch.manual_seed(0)
+    with torch.device(device):
+        return FAMILY_MODELS[config.family].lm(config).to(device)
+
+
+def packed_batch(B: int, T: int, vocab: int, device: str) -> dict[str, torch.Tensor]:
+    """B random sequences of T tokens with two document starts each, packed as training packs them; the labels
+    skip the predictions across documents (rotarium's loss does that itself, fla's is told through them)."""
+    gen = torch.Generator().manual_seed(0)
+    tokens = torch.randint(0, vocab, (B, T), generator=gen)
+    starts = [sorted(set(torch.randint(1, T, (2,), generator=gen).tolist())) for _ in range(B)]
+    batch = collate(tokens, starts)
+    batch["labels"][:, batch["cu_seqlens"][1:-1]] = -100
+    return {name: t.to(device) for name, t in batch.items()}
+
+
+def train_steps(model: torch.nn.Module, batch: dict, steps: int, device: str) -> tuple[float, list[float], Counter]:
+    """A warm-up AdamW step (its loss is the model's at its initial weights) and ``steps`` timed ones."""
+    fused = device == "cuda"
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=fused)
+    model.train()
+
+    def step() -> torch.Tensor:
+        with torch.autocast(device, dtype=BF16):
+            loss = model(**batch).loss
+        loss.backward()  # outside autocast, as accelerate runs it
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        return loss
+
+    with count_dispatches() as calls:
+        first = step().item()
+    times = time_rounds({"step": step}, repeats=steps, warmup=0)["step"] if steps else []
+    return first, times, calls
+
+
+def speed(times: list[float], tokens: int) -> str:
+    if not times:
+        return "not timed"
+    median = statistics.median(times)
+    return f"{tokens / median:,.0f} tokens/s ({median * 1e3:.0f} ms/step)"
+
+
+def check_training(name: str, preset: str, overrides: dict, ctx: Context, args: argparse.Namespace,
+                   report: Report) -> None:
+    """Two rows: rotarium's training step (ops on ``auto``), then fla's model of the same preset from the same
+    weights (or why there is none)."""
+    overrides = {**overrides, **((TINY | {"num_hidden_layers": 2}) if ctx.dry_run else {})}
+    B, T, steps = (2, 64, 1) if ctx.dry_run else (args.batch, args.seq_len, args.steps)
+    state: dict = {}
+
+    def ours_row() -> tuple[str, str]:
+        config = preset_config(preset, **overrides)
+        batch = state["batch"] = packed_batch(B, T, config.vocab_size, ctx.device)
+        model = build_model(config, ctx.device)
+        try:
+            state["peer"] = build_peer(model, ctx.device)
+        except NoPeer as why:
+            state["no_peer"] = str(why)
+        if ctx.device == "cuda":
+            torch.cuda.reset_peak_memory_stats()
+        with ops_backend("auto"):
+            first, times, calls = train_steps(model, batch, steps, ctx.device)
+        state["loss"], state["times"] = first, times
+        size = sum(p.numel() for p in model.parameters())
+        del model
+        problems, known = check_dispatches(calls, "fla", ctx, BF16, grad=True)
+        memory = f", peak {torch.cuda.max_memory_allocated() / 2**30:.1f} GiB" if ctx.device == "cuda" else ""
+        note = f"{size / 1e6:.1f}M params, {speed(times, B * T)}, first loss {first:.4f}{memory}"
+        return row_status(math.isfinite(first), problems, known, note)
+
+    def peer_row() -> tuple[str, str]:
+        if "no_peer" in state:
+            return "SKIP", state["no_peer"]
+        if "peer" not in state:
+            return "SKIP", "rotarium's row did not get as far as building it"
+        peer = state.pop("peer")
+        if ctx.dry_run:
+            return "SKIP", (f"built ({type(peer).__name__}) and its weights loaded into rotarium's; fla's kernels "
+                            "need CUDA (dry run)")
+        config_type = peer.config.model_type
+        if config_type == "gated_deltanet" and fla_gated_backward_refused():
+            with torch.no_grad(), torch.autocast(ctx.device, dtype=BF16):
+                first = peer(**state["batch"]).loss.item()
+            times: list[float] = []
+            note = "not timed: fla refuses the gated delta rule's backward on Hopper with Triton < 3.7.1"
+        else:
+            first, times, _ = train_steps(peer, state["batch"], steps, ctx.device)
+            note = speed(times, B * T)
+            if times and state.get("times"):
+                note += f", rotarium/fla time {statistics.median(state['times']) / statistics.median(times):.2f}x"
+        if "loss" not in state:
+            return "SKIP", f"{note}, first loss {first:.4f}; not compared: rotarium's row failed"
+        err = abs(first - state["loss"]) / abs(state["loss"])
+        return verdict(err < PEER_LOSS_TOL), (f"{note}, first loss {first:.4f} vs rotarium's: rel diff {err:.1e} "
+                                              f"(tol {PEER_LOSS_TOL:.0e})")
+
+    report.run(f"train {name} rotarium, bf16 autocast, packed {B} x {T}", ours_row)
+    report.run(f"train {name} fla's own model, same weights and batch", peer_row)
+    state.clear()
+
+
+def e2e_side(model: torch.nn.Module, data: dict, backend: str, ctx: Context) -> tuple[dict, Counter, Counter]:
+    """One backend's run of a small model: losses and gradients (plain batch, packed documents, a few tokens from
+    a cache), decoding step by step, the full forward; with the dispatches made with and without gradients."""
+    device, P, D, C = ctx.device, data["prefill"], data["decode"], data["continue"]
+    ids, packed, cu = data["ids"], data["packed"], data["cu_seqlens"]
+    out: dict[str, torch.Tensor] = {}
+
+    def grads() -> torch.Tensor:
+        flat = torch.cat([p.grad.float().flatten() for p in model.parameters() if p.grad is not None])
+        model.zero_grad(set_to_none=True)
+        return flat
+
+    with ops_backend(backend), count_dispatches() as trained:
+        model.train()
+        model.zero_grad(set_to_none=True)
+        for name, kwargs in (("batch", {"input_ids": ids, "labels": ids}),
+                             ("packed", {"input_ids": packed, "labels": packed, "cu_seqlens": cu})):
+            with torch.autocast(device, dtype=BF16):
+                loss = model(**kwargs).loss
+            loss.backward()
+            out[f"{name} loss"], out[f"{name} grads"] = loss.detach(), grads()
+        model.eval()
+        with torch.no_grad(), torch.autocast(device, dtype=BF16):
+            cache = getattr(model(ids[:, :P], use_cache=True), CACHE_FIELD)
+        with torch.autocast(device, dtype=BF16):
+            tail = ids[:, P:P + C]
+            loss = model(tail, past_key_values=cache, use_cache=True, labels=tail).loss
+        loss.backward()
+        out["loss from cache"], out["grads from cache"] = loss.detach(), grads()
+    with ops_backend(backend), count_dispatches() as inferred, torch.no_grad(), torch.autocast(device, dtype=BF16):
+        out["full logits"] = model(ids[:, :P + D]).logits[:, P:].float()
+        result = model(ids[:, :P], use_cache=True)
+        cache, steps = getattr(result, CACHE_FIELD), []
+        for t in range(P, P + D):
+            result = model(ids[:, t:t + 1], past_key_values=cache, use_cache=True)
+            steps.append(result.logits.float())
+            cache = getattr(result, CACHE_FIELD)
+        out["decoded logits"] = torch.cat(steps, 1)
+    return out, trained, inferred
+
+
+def check_e2e(family: str, encoding: str, ctx: Context) -> tuple[str, str]:
+    preset, overrides = FAMILY_ROWS[family]
+    sizes = (TINY | {"num_hidden_layers": 1}) if ctx.dry_run else {"num_hidden_layers": 2, "vocab_size": 1024}
+    config = preset_config(preset, **overrides, **sizes, position_encoding=encoding)
+    model = build_model(config, ctx.device)
+    # tokens, packed documents (one of a single token), prefill, decoded tokens, tokens continued with gradients
+    T, cu, P, D, C = (24, (0, 6, 7, 18, 24), 12, 3, 3) if ctx.dry_run else (300, (0, 70, 71, 230, 300), 130, 10, 5)
+    gen = torch.Generator().manual_seed(1)
+    data = {"ids": torch.randint(0, config.vocab_size, (2, T), generator=gen).to(ctx.device),
+            "packed": torch.randint(0, config.vocab_size, (1, cu[-1]), generator=gen).to(ctx.device),
+            "cu_seqlens": torch.tensor(cu, dtype=torch.long, device=ctx.device),
+            "prefill": P, "decode": D, "continue": C}
+    fla_out, fla_trained, fla_inferred = e2e_side(model, data, "auto", ctx)
+    torch_out, torch_trained, torch_inferred = e2e_side(model, data, "torch", ctx)
+    errs = {name: rel_err(fla_out[name], torch_out[name]) for name in fla_out if name != "decoded logits"}
+    # decoding on the fla path against the PyTorch path's full forward
+    errs["decoded vs full"] = rel_err(fla_out["decoded logits"], torch_out["full logits"])
+    good, text = judged(errs, MODEL_TOL)
+    problems, known = [], []
+    for calls, side, grad in ((fla_trained, "fla", True), (fla_inferred, "fla", False),
+                              (torch_trained, "torch", True), (torch_inferred, "torch", False)):
+        more_problems, more_known = check_dispatches(calls, side, ctx, BF16, grad)
+        problems += more_problems
+        known += [k for k in more_known if k not in known]
+    return row_status(good, problems, known, text)
+
+
+def models_part(report: Report, ctx: Context, args: argparse.Namespace) -> None:
+    for name, (preset, overrides) in PRESET_ROWS.items():
+        check_training(name, preset, overrides, ctx, args, report)
+    for family in FAMILY_ROWS:
         for encoding in POSITION_ENCODINGS:
-            config = CONFIGS[family](vocab_size=512, hidden_size=256, num_hidden_layers=2, num_heads=4,
-                                     intermediate_size=512, position_encoding=encoding, bos_token_id=None,
-                                     eos_token_id=None)
-            torch.manual_seed(0)
-            model = FAMILY_MODELS[family].lm(config).to(dev)
-            ids = torch.randint(0, 512, (2, 300), device=dev)  # past several chunks, not a multiple of 64
-            packed = torch.randint(0, 512, (1, 300), device=dev)
-            cu_seqlens = torch.tensor([0, 70, 71, 230, 300], device=dev)
+            extra = "" if family in ("gla", "deltanet", "gated-deltanet") else " (qk_norm, GQA)"
+            report.run(f"e2e {family}{extra} + {encoding}",
+                       lambda family=family, encoding=encoding: check_e2e(family, encoding, ctx))
 
-            def run(backend: str, model=model, ids=ids, packed=packed, cu_seqlens=cu_seqlens, dev=dev):
-                os.environ[ENV_VAR] = backend
-                model.train().zero_grad(set_to_none=True)
-                with torch.autocast(dev, dtype=torch.bfloat16):
-                    loss = model(ids, labels=ids).loss
-                loss.backward()  # outside autocast, as accelerate runs it
-                with torch.no_grad(), torch.autocast(dev, dtype=torch.bfloat16):
-                    packed_loss = model(packed, labels=packed, cu_seqlens=cu_seqlens).loss
-                grads = torch.cat([p.grad.float().flatten() for p in model.parameters() if p.grad is not None])
-                return loss.float(), grads, packed_loss.float()
 
-            def decoding(model=model, ids=ids, dev=dev):
-                os.environ[ENV_VAR] = "fla"
-                model.eval()
-                with torch.no_grad(), torch.autocast(dev, dtype=torch.bfloat16):
-                    full = model(ids[:, :140]).logits[:, 130:].float()
-                    out = model(ids[:, :130], use_cache=True)
-                    steps, cache = [], out.past_key_values
-                    for t in range(130, 140):
-                        out = model(ids[:, t:t + 1], past_key_values=cache, use_cache=True)
-                        steps.append(out.logits.float())
-                        cache = out.past_key_values
-                return rel_err(torch.cat(steps, 1), full)
+# ------------------------------------------------------------------------------------------------------- main
 
-            def compare(family=family, encoding=encoding, run=run, decoding=decoding):
-                (loss_f, grads_f, packed_f), (loss_t, grads_t, packed_t) = run("fla"), run("torch")
-                errs = {"loss": rel_err(loss_f, loss_t), "grads": rel_err(grads_f, grads_t),
-                        "packed loss": rel_err(packed_f, packed_t), "decode vs full (fla)": decoding()}
-                return report(f"{family} + {encoding}", errs, tol)
+def fla_problem() -> str | None:
+    """Why fla's kernels cannot be imported here, or None."""
+    try:
+        importlib.import_module("fla.ops")
+    except Exception as error:  # noqa: BLE001 - a broken triton install raises more than ImportError
+        return f"{type(error).__name__}: {error}"
+    return None
 
-            ok &= guarded(f"{family} + {encoding}", compare)
-    os.environ.pop(ENV_VAR, None)
-    return ok
+
+def header(ctx: Context, part: str) -> None:
+    versions = [f"torch {torch.__version__}"]
+    for module in ("triton", "fla"):
+        try:
+            versions.append(f"{module} {importlib.import_module(module).__version__}")
+        except Exception:  # noqa: BLE001 - reported as missing
+            versions.append(f"{module} missing")
+    where = torch.cuda.get_device_name() if ctx.device == "cuda" else "CPU (dry run: fla replaced by the PyTorch path)"
+    print(f"gpu_check --part {part}: {where}; {', '.join(versions)}; "
+          f"TRITON_F32_DEFAULT={os.environ.get('TRITON_F32_DEFAULT', 'unset')}", flush=True)
+    if not ctx.dry_run and fla_gated_backward_refused():
+        print("fla refuses the gated delta rule's backward on this GPU and Triton: those rows are KNOWN", flush=True)
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--T", type=int, default=4096)
-    parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--no-models", action="store_true", help="only the ops")
-    parser.add_argument("--ops", default=",".join(CASES), help="comma-separated ops to compare and time (or none)")
-    parser.add_argument("--dtypes", default="bf16,fp32", help="comma-separated op dtypes: bf16, fp32")
-    parser.add_argument("--families", default=",".join(CONFIGS), help="comma-separated model families")
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--part", required=True, choices=("ops", "models"))
+    parser.add_argument("--dry-run", action="store_true", help="CPU, tiny sizes, fla replaced by the PyTorch path")
+    parser.add_argument("--budget", type=float, default=180.0, help="seconds after which no new row starts")
+    parser.add_argument("--only", action="append", default=[], metavar="TEXT",
+                        help="run only the rows whose name contains TEXT (may be given several times)")
+    parser.add_argument("--table", default=None, help="also write the final table to this file")
+    parser.add_argument("--T", type=int, default=4096, help="ops: tokens of the timing rows")
+    parser.add_argument("--repeats", type=int, default=3, help="ops: timed rounds per timing row")
+    parser.add_argument("--batch", type=int, default=4, help="models: sequences per training step")
+    parser.add_argument("--seq-len", type=int, default=2048, help="models: tokens per sequence")
+    parser.add_argument("--steps", type=int, default=3, help="models: timed training steps after the first")
     args = parser.parse_args()
-    chosen = [name for name in args.ops.split(",") if name and name != "none"]
-    unknown = sorted(set(chosen) - set(CASES)) + sorted(set(args.families.split(",")) - set(CONFIGS))
-    dtypes = {"bf16": torch.bfloat16, "fp32": torch.float32}
-    unknown += sorted(set(args.dtypes.split(",")) - set(dtypes))
-    if unknown:
-        parser.error(f"unknown names {unknown}; ops: {list(CASES)}, families: {list(CONFIGS)}, dtypes: {list(dtypes)}")
-    cases = {name: CASES[name] for name in chosen}
-    sys.stdout.reconfigure(line_buffering=True)  # a run cut short by its time limit keeps every line it printed
-    assert torch.cuda.is_available() and ops.fla_available(), "needs a CUDA GPU with fla and triton"
-    import fla
-
-    print(f"{torch.cuda.get_device_name()} torch {torch.__version__} fla {getattr(fla, '__version__', '?')}")
-    ok = True
-    for dtype in (dtypes[name] for name in args.dtypes.split(",")):
-        x = inputs(2, 1000, 4, 64, 64, dtype)  # T not a multiple of 64 on purpose
-        print(f"\n## fla vs torch path, dtype {dtype}, B=2 T=1000 H=4 K=V=64 (relative L2 errors)")
-        if dtype == torch.float32:
-            print("(fla's chunked delta-rule kernels reject float32: rotarium runs its PyTorch path for both sides)")
-        tol = 2e-2 if dtype == torch.bfloat16 else 2e-3
-        for name, (fn, grads) in cases.items():
-            def compare(name=name, fn=fn, grads=grads, x=x, tol=tol):
-                of, sf, gf = run_case(fn, x, grads, "fla")
-                ot, st, gt = run_case(fn, x, grads, "torch")
-                errs = {"o": rel_err(of, ot)} | ({"state": rel_err(sf, st)} if sf is not None else {})
-                errs |= {f"d{n}": rel_err(gf[n], gt[n]) for n in grads}
-                return report(name, errs, tol)
-            ok &= guarded(name, compare)
-        steps = inputs(2, 8, 4, 64, 64, dtype)
-        print(f"decoding 8 tokens from a state, dtype {dtype}:")
-        with torch.no_grad():
-            for name, fn in DECODING.items():
-                def compare_decoding(name=name, fn=fn, steps=steps, tol=tol):
-                    (of, sf), (ot, st) = fn(steps, "fla"), fn(steps, "torch")
-                    return report(name, {"o": rel_err(of.float(), ot.float()),
-                                         "state": rel_err(sf.float(), st.float())}, tol)
-                ok &= guarded(name, compare_decoding)
-
-    print(f"\n## fwd+bwd ms, bf16, B=1 T={args.T} H=4 K=V=64")
-    x = inputs(1, args.T, 4, 64, 64, torch.bfloat16)
-    for name, (fn, grads) in cases.items():
-        def timing(name=name, fn=fn, grads=grads):
-            samples = time_rounds({backend: lambda backend=backend: run_case(fn, x, grads, backend)
-                                   for backend in ("fla", "torch")}, args.repeats)
-            times = best(samples)
-            print(f"{name}: fla {times['fla'] * 1e3:.2f} ms | torch {times['torch'] * 1e3:.2f} ms | "
-                  f"torch/fla {paired_ratio(samples['torch'], samples['fla']):.1f}x")
-            return True
-        ok &= guarded(name, timing)
-    if not args.no_models:
-        print("\n## models, bf16 autocast, fla vs torch (relative L2 errors; d=256, 2 layers, T=300)")
-        ok &= model_checks(tol=5e-2, families=args.families.split(","))
-    print(f"\nall comparisons: {verdict(ok)}")
-    sys.exit(0 if ok else 1)
+    for name in ("T", "repeats", "batch", "seq_len"):
+        if getattr(args, name) < 1:
+            parser.error(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}")
+    if args.steps < 0:
+        parser.error(f"--steps must be at least 0, got {args.steps}")
+    if args.part == "ops":
+        # Before fla compiles a kernel (triton reads it then): fla's float32 matmuls in IEEE precision, as the
+        # PyTorch path's (whose CUDA matmuls must not use TF32 either).
+        os.environ.setdefault("TRITON_F32_DEFAULT", "ieee")
+        torch.backends.cuda.matmul.allow_tf32 = False
+        torch.backends.cudnn.allow_tf32 = False
+    ctx = Context("cpu" if args.dry_run else "cuda", args.dry_run)
+    if not args.dry_run:
+        if not torch.cuda.is_available():
+            print("gpu_check: no CUDA device here; --dry-run checks the script on CPU", flush=True)
+            sys.exit(2)
+        problem = fla_problem()
+        if problem is not None:
+            print(f"gpu_check: fla cannot be imported ({problem}); install flash-linear-attention (or put its wheel "
+                  "on PYTHONPATH) and rerun: every row compares fla with the PyTorch path", flush=True)
+            sys.exit(2)
+    header(ctx, args.part)
+    report = Report(args.budget, args.only)
+    (ops_part if args.part == "ops" else models_part)(report, ctx, args)
+    sys.exit(report.table(f"gpu_check --part {args.part}" + (" --dry-run" if args.dry_run else ""), args.table))
 
 
 if __name__ == "__main__":
