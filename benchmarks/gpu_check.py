@@ -6,6 +6,7 @@ Usage::
     python benchmarks/gpu_check.py --part models [--budget 180] [--only TEXT]... [--batch 4] [--seq-len 2048]
                                                  [--steps 3]
     python benchmarks/gpu_check.py --part ops|models --dry-run      (CPU, tiny sizes: the script's own test)
+    (either part: [--autotune first] to compile one configuration per fla kernel instead of autotuning)
 
 ``--part ops`` calls each op with ``backend="fla"`` and with ``backend="torch"`` on the same CUDA inputs and compares
 outputs, final states and gradients (relative L2 errors). The rows follow training: packed sequences (``cu_seqlens``,
@@ -19,17 +20,18 @@ and 512 (Gated DeltaNet's published heads), attention 64, with GQA and a sliding
 fla's float32 matmuls are not TF32 and a tight tolerance holds. Then fwd+bwd timings of the token mixers' ops,
 bfloat16, batch 1 x ``--T`` tokens.
 
-``--part models`` trains: one AdamW step of each 370M preset (``gla-370m``, ``fox-370m``, ``deltanet-370m``, the
-same with ``use_gated_delta`` (Gated DeltaNet), ``transformer-370m``) under bfloat16 autocast on a packed batch of
-``--batch`` sequences of ``--seq-len`` tokens (cu_seqlens at every sequence and document start, as
-rotarium.data.batches builds it), reporting tokens/s; beside it fla's own model of the same preset (GLA, DeltaNet,
-Gated DeltaNet, Forgetting Transformer), built from the preset's fields with rotarium's model loaded from its
-weights, so the first losses must agree; fla's Transformer needs flash-attn and is skipped. Then every family
-(Gated DeltaNet included) x positional option end to end on the presets cut to 2 layers and 1024 tokens of
+``--part models`` first runs every family (Gated DeltaNet included) x positional option end to end, then four training
+steps under CUDA's sync debug mode (no host synchronisation may happen once fla's kernels are compiled), then trains:
+one AdamW step of each 370M preset (``gla-370m``, ``fox-370m``, ``deltanet-370m``, the same with ``use_gated_delta``
+(Gated DeltaNet), ``transformer-370m``) under bfloat16 autocast on a packed batch of ``--batch`` sequences of
+``--seq-len`` tokens (cu_seqlens at every sequence and document start, as rotarium.data.batches builds it), reporting
+tokens/s; beside it fla's own model of the same preset (GLA, DeltaNet, Gated DeltaNet, Forgetting Transformer), built
+from the preset's fields with rotarium's model loaded from its weights, so the first losses must agree; fla's
+Transformer needs flash-attn and is skipped. The end-to-end rows run the presets cut to 2 layers and 1024 tokens of
 vocabulary (FoX and the Transformer with ``qk_norm`` and GQA, so those are covered too), ops on fla
 (``ROTARIUM_OPS_BACKEND=auto`` on CUDA) against ops on PyTorch: loss and gradients of a plain batch and of packed
-documents, token-by-token decoding after a prefill against the PyTorch full forward, and gradients through decoding
-(a prefill, then a few tokens from the cache with gradients).
+documents, token-by-token decoding after a prefill against the PyTorch full forward, and gradients through decoding (a
+prefill, then a few tokens from the cache with gradients).
 
 Every fla run counts the ops' dispatches (rotarium.ops.backend.count_dispatches): a row passes only if fla really
 ran, and the PyTorch side never did. A PyTorch fallback known to be deliberate (fla's plain chunked delta rule
@@ -37,9 +39,10 @@ refuses float32; fla refuses the gated delta rule's backward on Hopper with Trit
 installed; fla's attention decoding kernel has no backward) makes the row KNOWN, with the reason, instead of failing it.
 
 Each row prints as soon as it is done (with the seconds elapsed: most of a first run is Triton compiling and
-autotuning fla's kernels), and each part ends with a PASS / KNOWN / SKIP / FAIL table. Rows not started within
-``--budget`` seconds are skipped, so the table prints inside a time limit. ``--only TEXT`` (repeatable) keeps the
-rows whose name contains one of the texts. ``--table PATH`` also writes the table to a file.
+autotuning fla's kernels, which ``--autotune first`` cuts down), and each part ends with a PASS / KNOWN / SKIP / FAIL
+table. Rows not started within ``--budget`` seconds are skipped, so the table prints inside a time limit. ``--only
+TEXT`` (repeatable) keeps the rows whose name contains one of the texts. ``--table PATH`` also writes the table to a
+file.
 
 ``--dry-run`` builds and runs every row on CPU at tiny sizes with fla replaced by the PyTorch path (fla's kernels
 cannot run on CPU; fla's models are still built and their weights mapped into rotarium's), so the script cannot rot
@@ -719,14 +722,51 @@ def check_e2e(family: str, encoding: str, ctx: Context) -> tuple[str, str]:
     return row_status(good, problems, known, text)
 
 
+def check_no_host_sync(family: str, encoding: str, ctx: Context) -> tuple[str, str]:
+    """A training forward and backward (unpadded batch, fla on ``auto``) under CUDA's sync debug mode set to raise:
+    once fla's kernels are compiled, nothing in rotarium may read a device value (the CPU's proxy is the meta-device
+    test of tests/gpu_readiness)."""
+    preset, overrides = FAMILY_ROWS[family]
+    sizes = (TINY | {"num_hidden_layers": 1}) if ctx.dry_run else {"num_hidden_layers": 2, "vocab_size": 1024}
+    config = preset_config(preset, **overrides, **sizes, position_encoding=encoding)
+    model = build_model(config, ctx.device).train()
+    ids = torch.randint(0, config.vocab_size, (2, 24 if ctx.dry_run else 300), device=ctx.device)
+
+    def step() -> None:
+        with torch.autocast(ctx.device, dtype=BF16):
+            loss = model(input_ids=ids, labels=ids).loss
+        loss.backward()
+
+    with ops_backend("auto"):
+        step()  # compiling and autotuning fla's kernels synchronises
+        if ctx.device != "cuda":
+            return "PASS", "ran; the sync check itself needs CUDA (on CPU the meta-device tests stand in for it)"
+        torch.cuda.synchronize()
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            step()
+        except RuntimeError as error:
+            return "FAIL", f"a host synchronisation: {str(error).splitlines()[0]}"
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+    return "PASS", "training forward and backward made no host synchronisation"
+
+
+NO_SYNC_ROWS = (("gla", "rope"), ("deltanet", "selective_rope"), ("fox", "rove"), ("transformer", "selective_rope"))
+
+
 def models_part(report: Report, ctx: Context, args: argparse.Namespace) -> None:
-    for name, (preset, overrides) in PRESET_ROWS.items():
-        check_training(name, preset, overrides, ctx, args, report)
+    # correctness first, so that a run cut short by --budget loses timings rather than checks
     for family in FAMILY_ROWS:
         for encoding in POSITION_ENCODINGS:
             extra = "" if family in ("gla", "deltanet", "gated-deltanet") else " (qk_norm, GQA)"
             report.run(f"e2e {family}{extra} + {encoding}",
                        lambda family=family, encoding=encoding: check_e2e(family, encoding, ctx))
+    for family, encoding in NO_SYNC_ROWS:
+        report.run(f"no host sync {family} + {encoding}, training step",
+                   lambda family=family, encoding=encoding: check_no_host_sync(family, encoding, ctx))
+    for name, (preset, overrides) in PRESET_ROWS.items():
+        check_training(name, preset, overrides, ctx, args, report)
 
 
 # ------------------------------------------------------------------------------------------------------- main
@@ -754,6 +794,19 @@ def header(ctx: Context, part: str) -> None:
         print("fla refuses the gated delta rule's backward on this GPU and Triton: those rows are KNOWN", flush=True)
 
 
+def keep_first_autotune_config() -> None:
+    """Every ``triton.autotune`` created from now on (fla's kernels are decorated when fla.ops is imported, so this
+    runs before) keeps only its first configuration, so triton compiles one candidate instead of benchmarking all."""
+    from triton.runtime import autotuner
+
+    original = autotuner.Autotuner.__init__
+
+    def first_only(self, fn, arg_names, configs, *args, **kwargs):
+        original(self, fn, arg_names, configs[:1], *args, **kwargs)
+
+    autotuner.Autotuner.__init__ = first_only
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--part", required=True, choices=("ops", "models"))
@@ -767,6 +820,10 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=4, help="models: sequences per training step")
     parser.add_argument("--seq-len", type=int, default=2048, help="models: tokens per sequence")
     parser.add_argument("--steps", type=int, default=3, help="models: timed training steps after the first")
+    parser.add_argument("--autotune", choices=("full", "first"), default="full",
+                        help="full: triton autotunes fla's kernels (compiling every candidate configuration, minutes "
+                             "per kernel on a fresh machine); first: each kernel keeps its first configuration, which "
+                             "changes speed, not results, and leaves time for the correctness rows")
     args = parser.parse_args()
     for name in ("T", "repeats", "batch", "seq_len"):
         if getattr(args, name) < 1:
@@ -780,6 +837,8 @@ def main() -> None:
         torch.backends.cuda.matmul.allow_tf32 = False
         torch.backends.cudnn.allow_tf32 = False
     ctx = Context("cpu" if args.dry_run else "cuda", args.dry_run)
+    if args.autotune == "first" and not args.dry_run and torch.cuda.is_available():
+        keep_first_autotune_config()  # before anything imports fla
     if not args.dry_run:
         if not torch.cuda.is_available():
             print("gpu_check: no CUDA device here; --dry-run checks the script on CPU", flush=True)
