@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 import torch
@@ -43,6 +43,52 @@ def _local_files(source: str) -> tuple[str, list[str]]:
     return kinds.pop(), [str(p) for p in files]
 
 
+def _not_utf8(files: list[str]) -> str | None:
+    """``"<file> is not UTF-8 text (byte <offset>: <reason>)"`` for the first of ``files`` that is not, else None."""
+    import codecs
+
+    for name in files:
+        decoder = codecs.getincrementaldecoder("utf-8")()
+        offset = 0
+        with open(name, "rb") as f:
+            while chunk := f.read(1 << 20):
+                try:
+                    decoder.decode(chunk)
+                except UnicodeDecodeError as error:
+                    return f"{name} is not UTF-8 text (byte {offset + error.start}: {error.reason})"
+                offset += len(chunk)
+    return None
+
+
+def _text_documents(source: str, files: list[str]) -> Iterator[str]:
+    """The documents of text files: each file is a corpus of paragraphs / articles separated by two blank lines."""
+    found = False
+    for name in files:
+        try:
+            text = Path(name).read_text(encoding="utf-8")
+        except UnicodeDecodeError:
+            raise ValueError(f"`data.source={source}`: {_not_utf8([name])}; convert it to UTF-8") from None
+        for document in text.split("\n\n\n"):
+            if document.strip():
+                found = True
+                yield document.strip()
+    if not found:
+        what = f"{files[0]} holds no" if len(files) == 1 else f"none of its {len(files)} files holds any"
+        raise ValueError(f"`data.source={source}`: {what} text (0 documents)")
+
+
+def _rows(dataset, cfg: DataSection, files: list[str] | None) -> Iterator[str]:
+    """The non-empty texts of ``dataset``'s rows; a local file that is not UTF-8 is named (the arrow readers only
+    fail on it when a row is read)."""
+    try:
+        for row in dataset:
+            if row.get(cfg.text_field) and row[cfg.text_field].strip():
+                yield row[cfg.text_field]
+    except UnicodeDecodeError as error:
+        bad = (_not_utf8(files) if files else None) or f"a row is not UTF-8 text ({error.reason})"
+        raise ValueError(f"`data.source={cfg.source}`: {bad}; convert it to UTF-8") from None
+
+
 def iter_documents(cfg: DataSection, *, skip: int = 0, shuffle_seed: int | None = None) -> Iterable[str]:
     """Every document's text in a fixed order, after the first ``skip``. With ``cfg.streaming`` and a
     ``shuffle_seed``, a Hub or JSON/Parquet stream is shuffled through a ``shuffle_buffer`` after the skip (so the
@@ -58,10 +104,7 @@ def iter_documents(cfg: DataSection, *, skip: int = 0, shuffle_seed: int | None 
             raise ValueError(f"`data.source={cfg.source}`: no such file or folder")
         kind, files = _local_files(cfg.source)
         if kind == "text":
-            # One document per file separated by blank lines: a text file is a corpus of paragraphs/articles.
-            return itertools.islice((doc.strip() for f in files
-                                     for doc in Path(f).read_text(encoding="utf-8").split("\n\n\n")
-                                     if doc.strip()), skip, None)
+            return itertools.islice(_text_documents(cfg.source, files), skip, None)
         try:
             dataset = datasets.load_dataset(kind, data_files=files, split="train", streaming=cfg.streaming)
         except Exception as error:  # an empty file raises StopIteration or "corresponds to no data" ValueError
@@ -70,6 +113,7 @@ def iter_documents(cfg: DataSection, *, skip: int = 0, shuffle_seed: int | None 
             raise ValueError(f"`data.source={cfg.source}` could not be read as {kind}: "
                              f"{type(error).__name__}: {error}") from error
     else:
+        files = None
         try:
             dataset = datasets.load_dataset(cfg.source, cfg.hub_config, split=cfg.split, streaming=cfg.streaming)
         except Exception as error:  # datasets raises many types (FileNotFoundError, ConnectionError, ...)
@@ -84,7 +128,7 @@ def iter_documents(cfg: DataSection, *, skip: int = 0, shuffle_seed: int | None 
             dataset = dataset.shuffle(seed=shuffle_seed, buffer_size=cfg.shuffle_buffer)
     elif skip:
         dataset = dataset.select(range(min(skip, len(dataset)), len(dataset)))
-    return (row[cfg.text_field] for row in dataset if row.get(cfg.text_field) and row[cfg.text_field].strip())
+    return _rows(dataset, cfg, files)
 
 
 def split_documents(documents: list[str], fraction: float, seed: int) -> tuple[list[str], list[str]]:

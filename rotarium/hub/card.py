@@ -1,14 +1,16 @@
 """The model card (``README.md``) of an exported checkpoint: YAML metadata for the Hub, then the model, usage,
-training and evaluation sections."""
+training and evaluation sections. A card is published: it names a local file or folder of the training metadata
+(``data.source``, ``model.init_from``, ...) by its base name only, never by its path on this machine."""
 from __future__ import annotations
 
 import json
 import math
+import re
 from typing import Any
 
 import yaml
 
-from rotarium.hub.checkpoint import Checkpoint
+from rotarium.hub.checkpoint import Checkpoint, looks_like_local_path
 
 FAMILY_NAMES = {
     "gla": "GLA (Gated Linear Attention, Yang et al., 2024)",
@@ -43,6 +45,13 @@ def _cell(value: Any) -> str:
     else:
         text = str(value)
     return text.replace("|", "\\|").replace("\n", " ")
+
+
+def public_value(value: Any) -> Any:
+    """``value``, or its base name when it is a string naming a local path (a Hub id stays as it is)."""
+    if isinstance(value, str) and looks_like_local_path(value):
+        return re.split(r"[\\/]", value.rstrip("\\/"))[-1]
+    return value
 
 
 def markdown_table(rows: list[dict[str, Any]]) -> str:
@@ -132,9 +141,10 @@ def _training_section(checkpoint: Checkpoint, datasets: list[str]) -> str:
     metrics = checkpoint.last_metrics or {}
     if "loss" in metrics:
         step = f" at step {metrics['step']}" if "step" in metrics else ""
-        lines.append(f"Final training loss{step}: {_cell(metrics['loss'])}.")
+        loss = metrics["loss"]  # null in metrics.jsonl when it was not finite
+        lines.append(f"Final training loss{step}: {_cell(loss) if loss is not None else 'not finite'}.")
     text = "\n\n".join(lines) + ("\n" if lines else "")
-    args = {k: v for k, v in (checkpoint.training_args or {}).items()
+    args = {k: public_value(v) for k, v in (checkpoint.training_args or {}).items()
             if isinstance(v, (str, int, float, bool)) or v is None}
     if args:
         text += ("\n" if text else "") + "Training arguments:\n\n" + markdown_table(

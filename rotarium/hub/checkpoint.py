@@ -15,14 +15,22 @@ A checkpoint is a folder written by ``save_pretrained`` of a rotarium model: ``c
   table (a list of flat objects, e.g. ``[{"context_length": 2048, "perplexity": 17.3}]``; an object with a
   ``rows`` list; an object of equal-length columns; or one flat object), titled by its file name (for example
   ``eval/perplexity.json``), and every ``*.png`` a plot, copied into the export and shown in the card.
+
+Export never reads through a symbolic link that leaves the folder it is in (the checkpoint folder, or the run folder
+the metadata is found in): a link to a private file would publish it. Such a link is refused with a ``ValueError``
+naming it; links inside the folder, and those of a Hugging Face cache snapshot into its own ``blobs/``, are
+followed.
 """
 from __future__ import annotations
 
 import json
+import os
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from rotarium.data.documents import LOCAL_FORMATS
 from rotarium.models import CONFIGS
 from rotarium.utils.files import read_jsonl
 
@@ -63,10 +71,9 @@ class Checkpoint:
         args = self.training_args or {}
         for key in DATASET_KEYS:
             value = args.get(key)
-            if isinstance(value, str) and value:
-                return [value]
-            if isinstance(value, list) and all(isinstance(v, str) for v in value):
-                return list(value)
+            values = [value] if isinstance(value, str) else value
+            if isinstance(values, list) and values and all(isinstance(v, str) and v for v in values):
+                return [v for v in values if not looks_like_local_path(v)]
         return []
 
     @property
@@ -77,6 +84,31 @@ class Checkpoint:
                 if isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0:
                     return int(value)
         return None
+
+
+def looks_like_local_path(value: str) -> bool:
+    """Whether ``value`` names a local file or folder rather than a Hub id (``name`` or ``namespace/name``): it is
+    absolute (``/x``, ``~/x``, ``C:\\x``, ``\\\\host\\x``), dot-relative (``./x``), a path of more than two parts
+    without spaces (``runs/a/final``; text with spaces, such as a prompt, is not a path), a data file
+    (``data/corpus.jsonl``), or exists here."""
+    return (value.startswith(("/", "~", "./", "../", "\\\\")) or re.match(r"[A-Za-z]:[\\/]", value) is not None
+            or (value.count("/") > 1 and not any(c.isspace() for c in value))
+            or (os.path.splitext(value)[1] in LOCAL_FORMATS and " " not in value) or os.path.exists(value))
+
+
+def _confined(path: Path, folder: Path) -> Path:
+    """``path`` (inside ``folder``) if what it names, through any symbolic link, is inside ``folder`` too; else a
+    ``ValueError`` naming the link (see the module docstring)."""
+    root = folder.resolve()
+    if root.parent.name == "snapshots":  # a Hugging Face cache snapshot: its files link into <repo>/blobs/
+        root = root.parent.parent
+    target = path.resolve()
+    if target == root or root in target.parents:
+        return path
+    link = next((p for p in (path, *path.parents) if p.is_symlink()), path)
+    raise ValueError(f"{link} is a symbolic link to {os.readlink(link)}, outside {folder}; export reads no file "
+                     "from outside the checkpoint (a link could publish a private file): replace the link with a "
+                     "copy of the file, or remove it")
 
 
 def _read_json(path: Path, what: str) -> Any:
@@ -91,8 +123,8 @@ def _find(checkpoint: Path, name: str) -> Path | None:
     if checkpoint.parent.name == "checkpoints":  # `rotarium train`'s <run>/checkpoints/step-<N>/: the run folder
         folders.append(checkpoint.parent.parent)
     for folder in folders:
-        if (folder / name).exists():
-            return folder / name
+        if (folder / name).exists() or (folder / name).is_symlink():
+            return _confined(folder / name, folder)
     return None
 
 
@@ -119,6 +151,9 @@ def read_checkpoint(path: str | Path) -> Checkpoint:
     if not path.is_dir():
         raise ValueError(f"checkpoint {str(path)!r} is not a folder; pass the folder written by save_pretrained "
                          "(it holds config.json and the weights)")
+    for entry in sorted(path.iterdir()):  # what export reads or copies: the files at the top (weights, tokenizer)
+        if not entry.is_dir():
+            _confined(entry, path)
     if not (path / "config.json").is_file():
         raise ValueError(f"{path} is not a rotarium checkpoint: it has no config.json (a save_pretrained folder "
                          "holds config.json and model.safetensors)")
@@ -139,6 +174,8 @@ def read_checkpoint(path: str | Path) -> Checkpoint:
         checkpoint.last_metrics = records[-1] if records else None
     eval_dir = _find(path, EVAL_DIR)
     if eval_dir is not None and eval_dir.is_dir():
+        for entry in sorted(eval_dir.iterdir()):
+            _confined(entry, eval_dir.parent)
         for table in sorted(eval_dir.glob("*.json")):
             rows = table_rows(_read_json(table, "evaluation table"))
             if rows is not None:

@@ -40,7 +40,7 @@ def add_commands(subparsers: argparse._SubParsersAction) -> None:
                     "auto_map, the model code, safetensors weights, tokenizer, generation config, model card.")
     export.add_argument("checkpoint", help="folder written by save_pretrained (config.json + weights)")
     export.add_argument("out_dir", help="folder to write (must not exist or be empty, unless --overwrite)")
-    export.add_argument("--repo-id", help="repository named in the card's usage snippet (default: OUT_DIR)")
+    export.add_argument("--repo-id", help="repository named in the card's usage snippet (default: OUT_DIR's name)")
     export.add_argument("--overwrite", action="store_true", help="replace OUT_DIR if it exists")
     _card_options(export)
     export.set_defaults(func=run_export)

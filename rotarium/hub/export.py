@@ -3,6 +3,8 @@
 The folder holds ``config.json`` (with an ``auto_map``), the self-contained model code
 (:mod:`rotarium.models.remote_code`), the weights in safetensors (sharded above ``max_shard_size``),
 ``generation_config.json``, the tokenizer files and evaluation plots found with the checkpoint, and a model card.
+A checkpoint whose weights do not match its config (a tensor missing, unexpected or of another shape) is refused:
+loading it would initialise the missing tensors at random, and the export would publish that model.
 It is written into a temporary sibling folder and renamed into place at the end, so a failed export never leaves
 a half-written folder, and an existing one is replaced only with ``overwrite=True``.
 """
@@ -10,6 +12,9 @@ from __future__ import annotations
 
 import shutil
 from pathlib import Path
+
+from safetensors import SafetensorError
+from transformers import PreTrainedModel
 
 from rotarium.hub.card import model_card
 from rotarium.hub.checkpoint import EVAL_DIR, Checkpoint, read_checkpoint
@@ -20,13 +25,39 @@ from rotarium.utils.files import write_folder_atomic
 DEFAULT_SHARD_SIZE = "5GB"  # the Hub's recommendation: shards small enough to download and resume reliably
 
 
+def load_weights(checkpoint: Checkpoint) -> PreTrainedModel:
+    """The checkpoint's model, in its stored precision; ``ValueError`` naming the tensors when its weights do not
+    match its config. Tied weights (the LM head sharing the embedding's) are not missing: transformers ties them."""
+    lm_class = FAMILY_MODELS[checkpoint.family].lm
+    try:
+        # ignore_mismatched_sizes: a tensor of another shape is then reported in `info` with the others, not raised
+        model, info = lm_class.from_pretrained(checkpoint.path, dtype="auto", output_loading_info=True,
+                                               ignore_mismatched_sizes=True)
+    except (OSError, RuntimeError, SafetensorError) as error:  # unreadable or truncated weights
+        first_line = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        raise ValueError(f"the weights of {checkpoint.path} could not be loaded: {first_line}") from error
+    mismatched = [f"{key} {list(stored)} instead of {list(expected)}" for key, stored, expected in
+                  info["mismatched_keys"]]
+    problems = [f"{len(keys)} {kind} ({_first(keys)})" for kind, keys in (
+        ("missing", info["missing_keys"]), ("unexpected", info["unexpected_keys"]),
+        ("of another shape", mismatched), ("load errors", info["error_msgs"])) if keys]
+    if problems:
+        raise ValueError(f"the weights of {checkpoint.path} do not match its config.json: {'; '.join(problems)}. "
+                         "An export would publish the model with those tensors random or dropped; export a checkpoint "
+                         "whose weights are complete")
+    return model
+
+
+def _first(keys, shown: int = 6) -> str:
+    keys = sorted(map(str, keys))
+    return ", ".join(keys[:shown]) + (f", ... ({len(keys) - shown} more)" if len(keys) > shown else "")
+
+
 def write_export(checkpoint: Checkpoint, folder: Path, *, repo_id: str | None = None, license: str = "mit",
                  datasets: list[str] | None = None, max_shard_size: str | int = DEFAULT_SHARD_SIZE) -> list[Path]:
     """Writes the export of ``checkpoint`` into the existing empty ``folder``; returns the files, sorted."""
     bundle()  # raises what would stop the model code from being exported, before any work
-    lm_class = FAMILY_MODELS[checkpoint.family].lm
-    # dtype="auto" keeps the stored precision (a bf16 checkpoint stays bf16); loading also validates the weights.
-    model = lm_class.from_pretrained(checkpoint.path, dtype="auto")
+    model = load_weights(checkpoint)
     model.save_pretrained(folder, max_shard_size=max_shard_size)  # weights, config + auto_map, code, generation
     for source in checkpoint.tokenizer_files:
         shutil.copy2(source, folder / source.name)
@@ -36,7 +67,7 @@ def write_export(checkpoint: Checkpoint, folder: Path, *, repo_id: str | None = 
         for plot in checkpoint.eval_plots:
             shutil.copy2(plot, folder / EVAL_DIR / plot.name)
             plots.append(f"{EVAL_DIR}/{plot.name}")
-    card = model_card(checkpoint, repo=repo_id or str(folder), num_parameters=model.num_parameters(),
+    card = model_card(checkpoint, repo=repo_id or folder.name, num_parameters=model.num_parameters(),
                       license=license, datasets=datasets, plots=plots)
     (folder / "README.md").write_text(card, encoding="utf-8")
     return sorted(p for p in folder.rglob("*") if p.is_file())
@@ -47,9 +78,9 @@ def export_checkpoint(checkpoint: str | Path, out_dir: str | Path, *, repo_id: s
                       max_shard_size: str | int = DEFAULT_SHARD_SIZE, overwrite: bool = False) -> Path:
     """Exports ``checkpoint`` to ``out_dir`` (see the module docstring); returns ``out_dir``.
 
-    ``repo_id`` is the repository named in the card's usage snippet (default: ``out_dir`` itself, so the snippet
-    runs as written against the local folder); ``license`` and ``datasets`` go into the card's metadata
-    (``datasets`` defaults to the one named in the training metadata)."""
+    ``repo_id`` is the repository named in the card's usage snippet (default: the name of ``out_dir``, which the
+    snippet loads from the folder that holds it; a card holds no local path); ``license`` and ``datasets`` go into
+    the card's metadata (``datasets`` defaults to the one named in the training metadata)."""
     info = read_checkpoint(checkpoint)
     out = Path(out_dir).absolute()
     source = info.path.resolve()
@@ -60,6 +91,6 @@ def export_checkpoint(checkpoint: str | Path, out_dir: str | Path, *, repo_id: s
     if out.is_dir() and any(out.iterdir()) and not overwrite:
         raise ValueError(f"OUT_DIR {str(out)!r} exists and is not empty; pass overwrite=True (--overwrite) "
                          "to replace it")
-    write_folder_atomic(out, lambda folder: write_export(info, folder, repo_id=repo_id or str(out), license=license,
+    write_folder_atomic(out, lambda folder: write_export(info, folder, repo_id=repo_id or out.name, license=license,
                                                          datasets=datasets, max_shard_size=max_shard_size))
     return out

@@ -7,6 +7,7 @@ repeats a shared field only to change its default (``TransformerConfig.position_
 """
 from __future__ import annotations
 
+import inspect
 from typing import Any, ClassVar
 
 import torch
@@ -183,6 +184,16 @@ class RotariumConfig(PretrainedConfig):
         if cls is not RotariumConfig and owner is not cls:
             raise ValueError(f"preset {name!r} is a {owner.family} model, not {cls.family}; use {owner.__name__}")
         return owner(**{**PRESET_BASE, **owner.presets[name], **overrides})
+
+    @classmethod
+    def field_names(cls) -> list[str]:
+        """The fields of this class: the arguments of its ``__init__`` and of its rotarium bases'. transformers' own
+        keyword arguments (``architectures``, ``dtype``, ...) are not fields: ``__init__`` passes them on to
+        ``PretrainedConfig``, which keeps any keyword, so that ``from_pretrained`` reads every saved config."""
+        names = [name for klass in cls.__mro__[:cls.__mro__.index(RotariumConfig) + 1] if "__init__" in vars(klass)
+                 for name, parameter in inspect.signature(klass.__init__).parameters.items()
+                 if name != "self" and parameter.kind is parameter.POSITIONAL_OR_KEYWORD]
+        return list(dict.fromkeys(names))
 
     @property
     def positional_settings(self) -> PositionalSettings:

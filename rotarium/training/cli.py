@@ -67,8 +67,18 @@ def add_commands(subparsers) -> None:
     train.add_argument("--max-steps", type=int, default=None, help="optimizer steps (= train.max_steps)")
     train.add_argument("--save-every", type=int, default=None, help="checkpoint interval (= train.save_every)")
     train.add_argument("--resume", action="store_true",
-                       help="continue from the run folder's latest complete checkpoint (from step 0 if none)")
-    train.add_argument("--overwrite", action="store_true", help="delete a previous run in --output-dir first")
+                       help="continue from the run folder's newest good checkpoint that passes its checksums (from "
+                            "step 0 if none), with the run's own config (from its training_args.json unless "
+                            "--config is given); other settings are checked, see --allow-config-change")
+    train.add_argument("--resume-from", default=None, metavar="step-N",
+                       help="resume from this checkpoint of the run instead (implies --resume)")
+    train.add_argument("--allow-config-change", action="append", default=[], metavar="KEY",
+                       help="with --resume: let this data, optim or train key differ from the run's (repeatable); "
+                            "intervals, max_steps and eval settings may change without it, model and tokenizer "
+                            "settings never")
+    train.add_argument("--overwrite", action="store_true",
+                       help="replace the run in --output-dir: it is kept in --output-dir/previous/ until the new run "
+                            "has written its first checkpoint, and put back if the new run fails before that")
     train.add_argument("--init-from", default=None,
                        help="fine-tune this checkpoint folder or Hub id (= model.init_from); its tokenizer is used")
     train.set_defaults(func=run_train, accepts_overrides=True)
@@ -76,35 +86,45 @@ def add_commands(subparsers) -> None:
 
 def run_train(args: argparse.Namespace) -> int:
     from rotarium.training.config import load_config, parse_overrides
+    from rotarium.training.resume import run_config
     from rotarium.training.run_folder import LOSS_CURVE, METRICS
     from rotarium.training.trainer import Trainer, TrainingDiverged
+    from rotarium.utils.files import check_writable_folder
 
     overrides = parse_overrides(args.overrides)
     for key, value in (("train.max_steps", args.max_steps), ("train.save_every", args.save_every),
                        ("model.init_from", args.init_from)):
         if value is not None:
             overrides[key] = value
-    config = load_config(args.config, overrides)
     name = Path(args.config).stem if args.config else "default"
     run_dir = Path(args.output_dir or Path("runs") / name)
-    trainer = Trainer(config, run_dir, resume=args.resume, overwrite=args.overwrite)
-    try:
-        result = trainer.train()
-    except TrainingDiverged as error:
-        print(f"rotarium train: {error}")
-        return 1
-    if not trainer.accelerator.is_main_process:
+    resume = args.resume or args.resume_from is not None
+    if resume and args.config is None:
+        overrides = {**run_config(run_dir), **overrides}  # the run's own settings, then the changes asked for
+    config = load_config(args.config, overrides)
+    check_writable_folder(run_dir, "--output-dir")
+    trainer = Trainer(config, run_dir, resume=resume, overwrite=args.overwrite, resume_from=args.resume_from,
+                      allow_config_change=args.allow_config_change)
+    try:  # the run folder stays locked until the evaluation below has written into it too
+        try:
+            result = trainer.train()
+        except TrainingDiverged as error:
+            print(f"rotarium train: {error}")
+            return 1
+        if not trainer.accelerator.is_main_process:
+            return 0
+        if result.first_val_loss is not None and result.last_val_loss is not None:
+            drop = 1 - result.last_val_loss / result.first_val_loss
+            print(f"validation loss {result.first_val_loss:.3f} -> {result.last_val_loss:.3f} ({drop:.0%} lower; "
+                  f"perplexity {math.exp(result.last_val_loss):.1f}) after {result.steps} steps"
+                  + (f", {result.skipped_steps} skipped" if result.skipped_steps else ""))
+        if config.eval.run_after:
+            evaluate_and_sample(trainer, result.final_dir)
+        print(f"final model: {result.final_dir} (AutoModelForCausalLM.from_pretrained after `import rotarium`); "
+              f"metrics: {run_dir / METRICS}; loss curve: {run_dir / LOSS_CURVE}")
         return 0
-    if result.first_val_loss is not None and result.last_val_loss is not None:
-        drop = 1 - result.last_val_loss / result.first_val_loss
-        print(f"validation loss {result.first_val_loss:.3f} -> {result.last_val_loss:.3f} ({drop:.0%} lower; "
-              f"perplexity {math.exp(result.last_val_loss):.1f}) after {result.steps} steps"
-              + (f", {result.skipped_steps} skipped" if result.skipped_steps else ""))
-    if config.eval.run_after:
-        evaluate_and_sample(trainer, result.final_dir)
-    print(f"final model: {result.final_dir} (AutoModelForCausalLM.from_pretrained after `import rotarium`); "
-          f"metrics: {run_dir / METRICS}; loss curve: {run_dir / LOSS_CURVE}")
-    return 0
+    finally:
+        trainer.close()
 
 
 def evaluate_and_sample(trainer, final_dir: Path) -> None:

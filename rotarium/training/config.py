@@ -4,6 +4,7 @@ by ``--section.key value`` pairs from the command line. Unknown keys and values 
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import functools
 import types
 import typing
@@ -84,6 +85,10 @@ class TrainSection:
         "help": "seed of the weights, the validation split, the data order and the sample"})
     mixed_precision: str = field(default="auto", metadata={"help": "auto (bf16 on GPUs) | no | bf16 | fp16"})
     max_bad_steps: int = field(default=10, metadata={"help": "non-finite steps in a row that stop the run"})
+    spike_factor: float = field(default=3.0, metadata={
+        "help": "a loss above spike_factor x the lowest running median of spike_window losses (at most ln(vocab)) "
+                "is a spike: checkpoints after it are not marked good (0: only non-finite losses count)"})
+    spike_window: int = field(default=50, metadata={"help": "losses in the running median of the spike check"})
     report_to: list = field(
         default_factory=list, metadata={"help": "accelerate trackers, e.g. [tensorboard] or [wandb]"})
     num_threads: int | None = field(default=None, metadata={"help": "torch CPU threads (default: torch's choice)"})
@@ -130,11 +135,22 @@ def field_types(section: type) -> dict[str, tuple[type, ...]]:
     return {f.name: _allowed(hints[f.name]) for f in dataclasses.fields(section)}
 
 
+def _yaml(text: str, where: str) -> Any:
+    """``text`` read as YAML; a syntax error becomes a ``ValueError`` naming ``where`` and the line."""
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError as error:
+        mark = getattr(error, "problem_mark", None) or getattr(error, "context_mark", None)
+        at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+        problem = getattr(error, "problem", None) or str(error).splitlines()[0]
+        raise ValueError(f"{where} is not valid YAML{at}: {problem}") from None
+
+
 def _coerce(key: str, value: Any, allowed: tuple[type, ...]) -> Any:
     if value is None and type(None) in allowed:
         return None
     if isinstance(value, str) and str not in allowed:
-        parsed = yaml.safe_load(value)  # a command-line string: "true", "[64, 128]", "0.1"
+        parsed = _yaml(value, f"config key `{key}`: {value!r}")  # a command-line string: "true", "[64, 128]"
         if isinstance(parsed, str) and float in allowed:
             try:
                 parsed = float(parsed)  # YAML 1.1 reads "1e-3" (no dot) as a string
@@ -164,7 +180,7 @@ def _apply(config: Config, key: str, value: Any) -> None:
     if parts[1] not in fields:
         raise ValueError(f"unknown config key `{key}`; `{parts[0]}` has {', '.join(fields)}")
     if parts[1] == "options" and len(parts) > 2:  # model.options.rope_theta: a free-form model-config field
-        section.options[".".join(parts[2:])] = yaml.safe_load(value) if isinstance(value, str) else value
+        section.options[".".join(parts[2:])] = _yaml(value, f"`{key}`: {value!r}") if isinstance(value, str) else value
         return
     if len(parts) > 2:
         raise ValueError(f"unknown config key `{key}`")
@@ -199,7 +215,7 @@ def load_config(source: str | None = None, overrides: dict[str, Any] | None = No
         else:
             raise ValueError(f"--config {source!r} is neither a YAML file nor a recipe; recipes: "
                              f"{', '.join(recipe_names())}")
-        data = yaml.safe_load(text) or {}
+        data = _yaml(text, f"--config {source}") or {}
         if not isinstance(data, dict):
             raise ValueError(f"--config {source!r} must hold a mapping of sections")
     for key, value in {**flatten(data), **(overrides or {})}.items():
@@ -217,10 +233,12 @@ def validate(config: Config) -> None:
         raise ValueError(f"unknown preset `model.preset={m.preset}`; choose one of {', '.join(sorted(PRESETS))}")
     if m.family not in CONFIGS:
         raise ValueError(f"unknown `model.family={m.family}`; choose one of {', '.join(CONFIGS)}")
+    check_model_options(m)
     positive = {"data.seq_len": d.seq_len, "train.batch_size": t.batch_size, "train.max_steps": t.max_steps,
                 "train.gradient_accumulation_steps": t.gradient_accumulation_steps,
                 "train.eval_every": t.eval_every, "train.save_every": t.save_every, "train.log_every": t.log_every,
                 "train.keep_checkpoints": t.keep_checkpoints, "train.max_bad_steps": t.max_bad_steps,
+                "train.spike_window": t.spike_window,
                 "tokenizer.vocab_size": config.tokenizer.vocab_size}
     for key, value in positive.items():
         if value < 1:
@@ -231,8 +249,40 @@ def validate(config: Config) -> None:
         raise ValueError(f"`optim.schedule` must be cosine, wsd or constant, got {o.schedule!r}")
     if len(o.betas) != 2:
         raise ValueError(f"`optim.betas` must be two numbers, got {o.betas}")
+    if t.spike_factor != 0 and not t.spike_factor > 1:
+        raise ValueError(f"`train.spike_factor` must be above 1 (or 0 to turn the spike check off), got "
+                         f"{t.spike_factor}")
     if t.mixed_precision not in ("auto", "no", "bf16", "fp16"):
         raise ValueError(f"`train.mixed_precision` must be auto, no, bf16 or fp16, got {t.mixed_precision!r}")
+
+
+# Model-config fields that other settings of a run set: an option naming one would conflict with them.
+SET_BY_RUN = {"vocab_size": "the tokenizer", "pad_token_id": "the tokenizer", "bos_token_id": "the tokenizer",
+              "eos_token_id": "the tokenizer", "max_position_embeddings": "data.seq_len",
+              "position_encoding": "model.position_encoding"}
+
+
+def check_model_options(m: ModelSection) -> None:
+    """Every key of ``model.options`` is a field of the family's config class (``RotariumConfig.field_names``), so
+    a mistyped one stops the run instead of being saved into config.json and ignored. The config classes
+    themselves keep accepting any keyword, as transformers' do (``from_pretrained`` passes transformers' own)."""
+    from rotarium.configs.presets import PRESETS
+    from rotarium.models.configuration import CONFIGS
+
+    if m.options and m.init_from is not None:
+        raise ValueError(f"`model.options` ({', '.join(m.options)}) cannot be combined with `--init-from "
+                         f"{m.init_from}`: the checkpoint's own config is used")
+    family = PRESETS[m.preset][0] if m.preset is not None else m.family
+    names = CONFIGS[family].field_names()
+    for key in m.options:
+        if key in SET_BY_RUN:
+            raise ValueError(f"`model.options.{key}` is set by {SET_BY_RUN[key]}, not as an option")
+        if key not in names:
+            close = difflib.get_close_matches(key, names, n=3, cutoff=0.6)
+            ordered = close + sorted(n for n in names if n not in close and n not in SET_BY_RUN)
+            hint = f"did you mean {' or '.join(close)}? " if close else ""
+            raise ValueError(f"unknown model option `model.options.{key}` for a {family} model; {hint}"
+                             f"the options are {', '.join(ordered)}")
 
 
 def parse_overrides(tokens: list[str]) -> dict[str, str]:

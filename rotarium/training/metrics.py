@@ -1,4 +1,7 @@
-"""The metrics of a run: ``metrics.jsonl`` (one JSON object per logged step or evaluation) and its loss curve."""
+"""The metrics of a run: ``metrics.jsonl`` (one JSON object per logged step or evaluation) and its loss curve.
+
+The file is strict JSON, which has no NaN or infinity: a non-finite metric is written as ``null``, and the record's
+``non_finite`` maps its name to the value it had (``{"loss": "nan"}``). Readers take a ``null`` as "no value"."""
 from __future__ import annotations
 
 import json
@@ -9,9 +12,36 @@ from typing import Any
 from rotarium.utils.files import read_jsonl, write_text_atomic
 
 
+def strict_record(record: dict[str, Any]) -> dict[str, Any]:
+    """``record`` with every non-finite float (at any depth) replaced by ``None`` and named in ``non_finite``."""
+    non_finite: dict[str, str] = {}
+
+    def clean(value: Any, name: str) -> Any:
+        if isinstance(value, float) and not math.isfinite(value):
+            non_finite[name] = str(value)
+            return None
+        if isinstance(value, dict):
+            return {k: clean(v, f"{name}.{k}") for k, v in value.items()}
+        if isinstance(value, (list, tuple)):
+            return [clean(v, f"{name}[{i}]") for i, v in enumerate(value)]
+        return value
+
+    out = {key: clean(value, key) for key, value in record.items()}
+    if non_finite:
+        out["non_finite"] = {**out.get("non_finite", {}), **non_finite}
+    return out
+
+
 def append_record(path: Path, record: dict[str, Any]) -> None:
+    """Appends ``record`` to the JSON Lines file ``path`` as strict JSON (see the module docstring)."""
     with path.open("a") as f:
-        f.write(json.dumps(record) + "\n")
+        f.write(json.dumps(strict_record(record), allow_nan=False) + "\n")
+
+
+def _points(records: list[dict[str, Any]], key: str) -> list[tuple[int, float]]:
+    """(step, value) of the records with a finite ``key`` (a null or, in files written before, a NaN is a gap)."""
+    return [(r["step"], r[key]) for r in records
+            if isinstance(r.get(key), (int, float)) and math.isfinite(r[key]) and "step" in r]
 
 
 def truncate_metrics(path: Path, start_step: int) -> None:
@@ -19,7 +49,7 @@ def truncate_metrics(path: Path, start_step: int) -> None:
     if not path.is_file():
         return
     kept = [r for r in read_jsonl(path) if 0 < r.get("step", 0) <= start_step or (start_step and not r["step"])]
-    write_text_atomic(path, "".join(json.dumps(r) + "\n" for r in kept))
+    write_text_atomic(path, "".join(json.dumps(strict_record(r), allow_nan=False) + "\n" for r in kept))
 
 
 def plot_loss_curve(metrics_path: Path, png: Path) -> None:
@@ -30,8 +60,7 @@ def plot_loss_curve(metrics_path: Path, png: Path) -> None:
     import matplotlib.pyplot as plt
 
     records = read_jsonl(metrics_path)
-    train = [(r["step"], r["loss"]) for r in records if "loss" in r and math.isfinite(r["loss"])]
-    val = [(r["step"], r["val_loss"]) for r in records if "val_loss" in r]
+    train, val = _points(records, "loss"), _points(records, "val_loss")
     fig, ax = plt.subplots(figsize=(6, 4))
     if train:
         ax.plot(*zip(*train), label="train")

@@ -4,24 +4,28 @@ A run folder holds::
 
     tokenizer/                      the tokenizer (trained once, reused on resume)
     checkpoints/step-<N>/           state/ (accelerate: weights, optimizer, RNG), a save_pretrained model and
-                                    tokenizer, trainer_state.json, and COMPLETE, written last
+                                    tokenizer, trainer_state.json (with the verdict ``good``), checksums.json (the
+                                    size and SHA-256 of every other file), and COMPLETE, written last
     final/                          the final model and tokenizer (+ eval/ after `rotarium eval`)
     metrics.jsonl                   one JSON object per logged step / evaluation
     training_args.json, loss_curve.png
+    .lock                           while a run holds the folder (:mod:`rotarium.training.lock`)
+    previous/                       while an ``--overwrite`` run has no checkpoint yet: the run it replaces
 
 A checkpoint is written into a hidden ``.<name>.tmp`` folder and renamed into place, and only folders with
 ``COMPLETE`` are resumed from, so a run killed while saving never leaves a checkpoint that ``--resume`` would pick
-up broken.
+up broken; ``checksums.json`` catches a file damaged after that (a full disk, a copy cut short).
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
 from pathlib import Path
 from typing import Any
 
-from rotarium.utils.files import write_json_atomic, write_text_atomic
+from rotarium.utils.files import fsync_tree, write_json_atomic, write_text_atomic
 
 TOKENIZER = "tokenizer"
 CHECKPOINTS = "checkpoints"
@@ -33,6 +37,9 @@ LOSS_CURVE = "loss_curve.png"
 ACCELERATE_STATE = "state"
 TRAINER_STATE = "trainer_state.json"
 COMPLETE = "COMPLETE"
+CHECKSUMS = "checksums.json"
+PREVIOUS = "previous"
+REPLACING = ".replacing"  # what an --overwrite run writes before the old run is set aside (its tokenizer)
 # What `--overwrite` deletes: everything a run writes, nothing else the user keeps in the folder.
 RUN_FILES = (CHECKPOINTS, FINAL, TOKENIZER, METRICS, TRAINING_ARGS, LOSS_CURVE)
 
@@ -42,10 +49,42 @@ def holds_run(run_dir: Path) -> bool:
 
 
 def clear_run(run_dir: Path) -> None:
-    """Deletes what a previous run wrote into ``run_dir`` (:data:`RUN_FILES`)."""
+    """Deletes what a run wrote into ``run_dir`` (:data:`RUN_FILES`)."""
     for name in RUN_FILES:
         path = run_dir / name
         shutil.rmtree(path) if path.is_dir() else path.unlink(missing_ok=True)
+
+
+def set_aside_run(run_dir: Path) -> Path:
+    """Moves the run in ``run_dir`` (its :data:`RUN_FILES`) into ``run_dir/previous/`` (which must not exist), where
+    it stays loadable and resumable until :func:`drop_previous_run` or :func:`restore_previous_run`."""
+    aside = run_dir / PREVIOUS
+    aside.mkdir()
+    moved = []
+    try:
+        for name in RUN_FILES:
+            if (run_dir / name).exists():
+                os.replace(run_dir / name, aside / name)
+                moved.append(name)
+    except BaseException:
+        for name in moved:
+            os.replace(aside / name, run_dir / name)
+        aside.rmdir()
+        raise
+    return aside
+
+
+def restore_previous_run(run_dir: Path) -> None:
+    """Puts the run set aside in ``run_dir/previous/`` back, deleting what the replacing run wrote."""
+    clear_run(run_dir)
+    aside = run_dir / PREVIOUS
+    for path in aside.iterdir():
+        os.replace(path, run_dir / path.name)
+    aside.rmdir()
+
+
+def drop_previous_run(run_dir: Path) -> None:
+    shutil.rmtree(run_dir / PREVIOUS)
 
 
 def checkpoint_dir(run_dir: Path, step: int) -> Path:
@@ -74,10 +113,23 @@ def latest_checkpoint(run_dir: str | os.PathLike) -> Path | None:
     return found[-1] if found else None
 
 
+def is_good(checkpoint: Path) -> bool:
+    """The checkpoint's verdict (:mod:`rotarium.training.guard`); one written before verdicts were recorded counts
+    as good, as it did then."""
+    return read_trainer_state(checkpoint).get("good", True)
+
+
+def latest_good_checkpoint(run_dir: str | os.PathLike) -> Path | None:
+    good = [p for p in complete_checkpoints(run_dir) if is_good(p)]
+    return good[-1] if good else None
+
+
 def prune_checkpoints(run_dir: Path, keep: int) -> None:
-    """Deletes all but the newest ``keep`` complete checkpoints."""
+    """Deletes all but the newest ``keep`` complete checkpoints and the newest good one (the one to go back to)."""
+    keep_good = latest_good_checkpoint(run_dir)
     for old in complete_checkpoints(run_dir)[:-keep]:
-        shutil.rmtree(old, ignore_errors=True)
+        if old != keep_good:
+            shutil.rmtree(old, ignore_errors=True)
 
 
 def staging_folder(target: Path) -> Path:
@@ -87,9 +139,50 @@ def staging_folder(target: Path) -> Path:
 
 
 def mark_complete(folder: Path, step: int, state: dict[str, Any]) -> None:
-    """Writes the trainer state, then ``COMPLETE``: the last file of a checkpoint, present only when the rest is."""
+    """Writes the trainer state, syncs every file to disk, records their sizes and hashes in ``checksums.json``,
+    then writes ``COMPLETE``: the last file of a checkpoint, present only when the rest is."""
     write_json_atomic(folder / TRAINER_STATE, state)
+    fsync_tree(folder)
+    files = sorted(p for p in folder.rglob("*") if p.is_file() and p.name not in (CHECKSUMS, COMPLETE))
+    record = {p.relative_to(folder).as_posix(): {"bytes": p.stat().st_size, "sha256": _sha256(p)} for p in files}
+    write_json_atomic(folder / CHECKSUMS, {"algorithm": "sha256", "files": record})
     write_text_atomic(folder / COMPLETE, f"{step}\n")
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        while chunk := f.read(1 << 20):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+class CorruptCheckpoint(ValueError):
+    """A file of a checkpoint differs from what its ``checksums.json`` recorded."""
+
+
+def verify_checkpoint(checkpoint: Path) -> bool:
+    """Checks every file recorded in the checkpoint's ``checksums.json``: present, of its size (all first, which is
+    cheap), then of its SHA-256. Returns ``True`` when verified, ``False`` for a checkpoint without the record
+    (written before checksums were recorded), and raises :class:`CorruptCheckpoint` naming the first bad file.
+    Files added later (``eval/`` of `rotarium eval`) are not checked."""
+    path = checkpoint / CHECKSUMS
+    if not path.is_file():
+        return False
+    try:
+        files = json.loads(path.read_text())["files"]
+    except (ValueError, KeyError, TypeError) as error:
+        raise CorruptCheckpoint(f"{path} is unreadable ({error})") from error
+    for name, expected in files.items():
+        size = (checkpoint / name).stat().st_size if (checkpoint / name).is_file() else None
+        if size is None:
+            raise CorruptCheckpoint(f"{checkpoint.name}/{name} is missing")
+        if size != expected["bytes"]:
+            raise CorruptCheckpoint(f"{checkpoint.name}/{name} has {size} bytes, {expected['bytes']} were written")
+    for name, expected in files.items():
+        if _sha256(checkpoint / name) != expected["sha256"]:
+            raise CorruptCheckpoint(f"{checkpoint.name}/{name} does not match the SHA-256 recorded when written")
+    return True
 
 
 def read_trainer_state(checkpoint: Path) -> dict[str, Any]:

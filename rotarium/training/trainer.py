@@ -1,7 +1,14 @@
 """The training loop: one code path from a laptop CPU to a multi-GPU FSDP run, with accelerate handling devices.
 
 The learning rate is a pure function of the step and the batches a pure function of ``(seed, step)``, so a resumed
-run repeats the uninterrupted one exactly. What the run writes, and where, is :mod:`rotarium.training.run_folder`.
+run repeats the uninterrupted one exactly. What the run writes, and where, is :mod:`rotarium.training.run_folder`;
+the run holds its folder's lock (:mod:`rotarium.training.lock`) from the start until :meth:`Trainer.close`.
+
+Nothing of an earlier run is touched before the new run has its config, data and model: then ``--overwrite`` moves
+the old run into ``previous/``, deletes it once the new run has written its first checkpoint (or final model), and
+puts it back if the new run stops with an error before that. ``--resume`` continues from the checkpoint
+:func:`rotarium.training.resume.choose_checkpoint` picks, with a config :func:`~rotarium.training.resume.check_config`
+accepts.
 """
 from __future__ import annotations
 
@@ -13,6 +20,7 @@ import os
 import shutil
 import time
 import warnings
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -23,22 +31,30 @@ from rotarium.data.batches import StreamingSchedule
 from rotarium.data.documents import iter_documents, split_documents
 from rotarium.training.build import accumulation_steps, build_model, prepare_data, prepare_tokenizer
 from rotarium.training.config import Config, flatten
+from rotarium.training.guard import LossGuard
+from rotarium.training.lock import RunLock
 from rotarium.training.metrics import append_record, plot_loss_curve, truncate_metrics
 from rotarium.training.optim import build_optimizer, clip_norm, set_learning_rate
+from rotarium.training.resume import check_allowed_keys, check_config, choose_checkpoint
 from rotarium.training.run_folder import (
     ACCELERATE_STATE,
     EVAL,
     FINAL,
     LOSS_CURVE,
     METRICS,
+    PREVIOUS,
+    REPLACING,
+    TOKENIZER,
     TRAINING_ARGS,
     checkpoint_dir,
-    clear_run,
+    drop_previous_run,
     holds_run,
-    latest_checkpoint,
+    latest_good_checkpoint,
     mark_complete,
     prune_checkpoints,
     read_trainer_state,
+    restore_previous_run,
+    set_aside_run,
     staging_folder,
 )
 from rotarium.utils.files import read_jsonl, replace_folder, write_json_atomic
@@ -81,12 +97,16 @@ class TrainResult:
 
 
 class Trainer:
-    """``Trainer(config, run_dir).train()``. Create it in every process of an ``accelerate launch``."""
+    """``Trainer(config, run_dir).train()``, then ``close()`` (which releases the run folder's lock; so does the
+    process ending). Create it in every process of an ``accelerate launch``.
+
+    ``resume``: continue from the run's newest good, verified checkpoint, or from ``resume_from`` (``step-N``);
+    ``allow_config_change``: config keys that may differ from the run's on resume (:mod:`rotarium.training.resume`);
+    ``overwrite``: replace the run in ``run_dir`` (see the module docstring)."""
 
     def __init__(self, config: Config, run_dir: str | os.PathLike, *, resume: bool = False,
-                 overwrite: bool = False):
+                 overwrite: bool = False, resume_from: str | None = None, allow_config_change: Iterable[str] = ()):
         from accelerate import Accelerator
-        from accelerate.utils import set_seed
 
         self.config, self.run_dir = config, Path(run_dir)
         t = config.train
@@ -102,14 +122,29 @@ class Trainer:
                      else not torch.cuda.is_available())
         self.accelerator = Accelerator(mixed_precision=precision, log_with=t.report_to or None,
                                        project_dir=str(self.run_dir), cpu=no_device)
-        acc = self.accelerator
-        self._check_run_dir(resume, overwrite)
-        acc.wait_for_everyone()
-        set_seed(t.seed)
+        self._lock: RunLock | None = None
+        self._previous_pending = False  # main process: an --overwrite's old run waits in previous/
+        try:
+            self._set_up(resume or resume_from is not None, overwrite, resume_from, set(allow_config_change))
+        except BaseException:
+            self._put_previous_back()
+            if self._lock is not None:  # under the lock, whatever an --overwrite staged is this run's
+                shutil.rmtree(self.run_dir / REPLACING, ignore_errors=True)
+            self.close()
+            raise
 
-        self.resume_from = latest_checkpoint(self.run_dir) if resume else None
-        if resume and self.resume_from is None and acc.is_main_process:
-            logger.warning("--resume: no complete checkpoint in %s; starting from step 0", self.run_dir)
+    def _set_up(self, resume: bool, overwrite: bool, resume_from: str | None, allowed: set[str]) -> None:
+        from accelerate.utils import set_seed
+
+        acc, config, t = self.accelerator, self.config, self.config.train
+
+        def take_folder() -> tuple[str | None, bool]:
+            self._lock = RunLock(self.run_dir)
+            return self._plan(resume, overwrite, resume_from, allowed)
+
+        resume_path, replacing = self._main_decides(take_folder)
+        set_seed(t.seed)
+        self.resume_from = Path(resume_path) if resume_path is not None else None
         self.start_step = 0
         self.state: dict[str, Any] = {"step": 0, "tokens": 0, "bad_steps_in_a_row": 0, "skipped_steps": 0}
         if self.resume_from is not None:
@@ -120,33 +155,110 @@ class Trainer:
         train_docs = None
         if documents is not None:
             train_docs = split_documents(documents, config.data.validation_fraction, t.seed)[0]
-        self.tokenizer = prepare_tokenizer(config, self.run_dir, train_docs, acc)
+        # An --overwrite run keeps its tokenizer apart until the old run is set aside (it must not reuse the old one).
+        self.tokenizer = prepare_tokenizer(config, self.run_dir / REPLACING if replacing else self.run_dir,
+                                           train_docs, acc)
         self.data = prepare_data(config, self.tokenizer, acc.num_processes, acc.process_index, self.start_step,
                                  documents)
         self.accum = accumulation_steps(config, acc.num_processes)
         self.tokens_per_step = t.batch_size * self.accum * acc.num_processes * config.data.seq_len
 
         model = build_model(config, self.tokenizer)
+        self.guard = LossGuard(t.spike_factor, t.spike_window, model.config.vocab_size, self.state)
         if config.model.gradient_checkpointing:
             model.gradient_checkpointing_enable()
         model.config.use_cache = False
         self.model, self.optimizer = acc.prepare(model, build_optimizer(model, config.optim))
         if self.resume_from is not None:
             acc.load_state(str(self.resume_from / ACCELERATE_STATE))
+        if replacing and acc.is_main_process:
+            set_aside_run(self.run_dir)
+            self._previous_pending = True
+            os.replace(self.run_dir / REPLACING / TOKENIZER, self.run_dir / TOKENIZER)
+            (self.run_dir / REPLACING).rmdir()
+            logger.warning("--overwrite: the run in %s is moved to %s until this run writes its first checkpoint",
+                           self.run_dir, self.run_dir / PREVIOUS)
+        acc.wait_for_everyone()
         if t.report_to:
             acc.init_trackers("rotarium", config=self._flat_config())
 
     # ------------------------------------------------------------------------------------------------ set-up
-    def _check_run_dir(self, resume: bool, overwrite: bool) -> None:
-        if not holds_run(self.run_dir) or resume or not self.accelerator.is_main_process:
-            return  # the main process decides (and deletes); the others would race with its deletion
+    def _main_decides(self, decide: Callable[[], Any]) -> Any:
+        """Runs ``decide`` in the main process only and hands its result, or its ``ValueError``, to every process
+        (so that a refusal stops them all, not only the one that looked)."""
+        acc = self.accelerator
+        outcome: list[Any] = [None, None]
+        if acc.is_main_process:
+            try:
+                outcome = [None, decide()]
+            except ValueError as error:
+                outcome = [str(error), None]
+        if acc.num_processes > 1:
+            from accelerate.utils import broadcast_object_list
+
+            broadcast_object_list(outcome)
+        if outcome[0] is not None:
+            raise ValueError(outcome[0])
+        return outcome[1]
+
+    def _plan(self, resume: bool, overwrite: bool, resume_from: str | None,
+              allowed: set[str]) -> tuple[str | None, bool]:
+        """What to do with the run folder (main process, under the lock): ``(checkpoint to resume, replacing)``."""
+        run_dir = self.run_dir
+        if allowed and not resume:
+            raise ValueError("--allow-config-change applies to --resume only")
+        check_allowed_keys(allowed)
+        previous = run_dir / PREVIOUS
+        if resume:
+            checkpoint = choose_checkpoint(run_dir, resume_from)
+            if checkpoint is not None:
+                check_config(checkpoint, self.config, allowed)
+                return str(checkpoint), False
+            logger.warning("--resume: no complete checkpoint in %s; starting from step 0%s", run_dir,
+                           f" ({previous} holds the run an --overwrite set aside)" if previous.exists() else "")
+            return None, False
+        if not holds_run(run_dir):
+            if previous.exists():
+                logger.warning("%s holds the run an earlier --overwrite set aside (that run was stopped before its "
+                               "first checkpoint); it is kept: delete it, or move it back, yourself", previous)
+            return None, False
         if not overwrite:
-            raise ValueError(f"--output-dir {self.run_dir} already holds a run; pass --resume to continue it, "
+            raise ValueError(f"--output-dir {run_dir} already holds a run; pass --resume to continue it, "
                              "--overwrite to start over, or choose another --output-dir")
-        clear_run(self.run_dir)
+        if previous.exists():
+            raise ValueError(f"--overwrite: {previous} holds a run an earlier --overwrite set aside, and "
+                             f"{run_dir} holds another; delete one (or move {previous}'s files back) first")
+        shutil.rmtree(run_dir / REPLACING, ignore_errors=True)  # what a killed --overwrite run had staged
+        return None, True
+
+    def _put_previous_back(self) -> None:
+        """Main process: the run stopped before its first checkpoint, so the run it was replacing returns."""
+        if self._previous_pending:
+            restore_previous_run(self.run_dir)
+            self._previous_pending = False
+            logger.warning("--overwrite: this run stopped before its first checkpoint; the previous run is back in %s",
+                           self.run_dir)
+
+    def _drop_previous(self) -> None:
+        if self._previous_pending:
+            drop_previous_run(self.run_dir)
+            self._previous_pending = False
+
+    def close(self) -> None:
+        """Releases the run folder's lock (main process). Call it once done with the run folder."""
+        if self._lock is not None:
+            self._lock.release()
+            self._lock = None
 
     # -------------------------------------------------------------------------------------------------- loop
     def train(self) -> TrainResult:
+        try:
+            return self._train()
+        except BaseException:
+            self._put_previous_back()
+            raise
+
+    def _train(self) -> TrainResult:
         from tqdm.auto import tqdm
 
         acc, t, cfg = self.accelerator, self.config.train, self.config
@@ -170,6 +282,11 @@ class Trainer:
             lr = set_learning_rate(self.optimizer, cfg.optim, step, t.max_steps)
             loss, grad_norm = self._step(step)
             step += 1
+            healthy_before = self.guard.healthy_since_good
+            problem = self.guard.observe(step, loss)
+            if problem is not None and healthy_before and math.isfinite(loss):
+                warnings.warn(f"step {step}: {problem}; checkpoints from here on are not marked good (the last good "
+                              f"one: {latest_good_checkpoint(self.run_dir) or 'none'})", RuntimeWarning, stacklevel=1)
             if math.isfinite(loss) and math.isfinite(grad_norm):
                 self.optimizer.step()
                 self.state["bad_steps_in_a_row"] = 0
@@ -180,13 +297,10 @@ class Trainer:
                 warnings.warn(f"step {step}: non-finite loss ({loss}) or gradient norm ({grad_norm}); "
                               "skipping the update", RuntimeWarning, stacklevel=1)
                 if self.state["bad_steps_in_a_row"] >= t.max_bad_steps:
-                    last = latest_checkpoint(self.run_dir)
                     bar.close()
                     raise TrainingDiverged(
                         f"{self.state['bad_steps_in_a_row']} non-finite steps in a row (train.max_bad_steps="
-                        f"{t.max_bad_steps}), the last at step {step}; stopped. The last good checkpoint is "
-                        f"{last or 'none (no checkpoint was saved yet)'}; lower optim.lr or raise "
-                        "optim.warmup_steps and resume from it.")
+                        f"{t.max_bad_steps}), the last at step {step}; stopped. {self._last_good_advice()}")
             self.optimizer.zero_grad(set_to_none=True)
             self.state["step"] = step
             self.state["tokens"] += self.tokens_per_step
@@ -207,6 +321,10 @@ class Trainer:
                 self.save_checkpoint(step)
         bar.close()
         final = self.save_final()
+        if not self.guard.healthy_since_good:
+            warnings.warn(f"the loss went bad since the last good checkpoint ({self.guard.describe_trouble()}); "
+                          f"{final} holds the weights after that. {self._last_good_advice()}", RuntimeWarning,
+                          stacklevel=1)
         if acc.is_main_process:
             plot_loss_curve(metrics_path, self.run_dir / LOSS_CURVE)
             (final / EVAL).mkdir(exist_ok=True)
@@ -222,6 +340,15 @@ class Trainer:
         vals = [r["val_loss"] for r in read_jsonl(metrics_path) if "val_loss" in r]
         return TrainResult(self.run_dir, final, step, vals[0] if vals else None, vals[-1] if vals else None,
                            self.state["skipped_steps"])
+
+    def _last_good_advice(self) -> str:
+        last = latest_good_checkpoint(self.run_dir)
+        if last is None:
+            return ("No good checkpoint was saved (the loss went bad before one); lower optim.lr or raise "
+                    "optim.warmup_steps and start again with --overwrite.")
+        return (f"The last good checkpoint is {last}, which --resume picks; lower optim.lr or raise "
+                "optim.warmup_steps and resume from it (e.g. --resume --allow-config-change optim.lr --optim.lr "
+                "<lower>).")
 
     def _step(self, step: int) -> tuple[float, float]:
         """Forward and backward of every micro-batch; returns (mean loss over processes, gradient norm)."""
@@ -317,10 +444,13 @@ class Trainer:
             acc.save_state(str(tmp / ACCELERATE_STATE))
         self._save_model(tmp)
         acc.wait_for_everyone()
+        # on every process, so that their guards agree; before the state is saved, as it resets the counters
+        verdict = self.guard.checkpoint_verdict() if step is not None else {}
         if acc.is_main_process:
             if step is not None:
-                mark_complete(tmp, step, self.state)
+                mark_complete(tmp, step, {**self.state, **verdict})
             replace_folder(tmp, target)
+            self._drop_previous()
             if step is not None:
                 prune_checkpoints(self.run_dir, self.config.train.keep_checkpoints)
         acc.wait_for_everyone()

@@ -52,6 +52,22 @@ def read_jsonl(path: str | os.PathLike) -> list[Any]:
     return records
 
 
+def check_writable_folder(path: str | os.PathLike, what: str) -> None:
+    """Raises ``ValueError`` starting with ``what`` when ``path`` cannot be a folder this process writes into: it,
+    or the nearest part of it that exists, is a file, or that part is a folder it may not write (permissions, or a
+    read-only file system). Nothing is created."""
+    path = Path(path).absolute()
+    existing = path
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if not existing.is_dir():
+        where = "" if existing == path else f": {existing} is a file"
+        raise ValueError(f"{what} {path} is not a folder{where}; pass a folder path")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        where = "" if existing == path else f" ({existing}, where it would be created)"
+        raise ValueError(f"{what} {path} is not writable{where}; check its permissions or choose another folder")
+
+
 def fsync_tree(folder: str | os.PathLike) -> None:
     """Flushes every file and folder under ``folder`` to disk, so that a rename after it publishes whole files."""
     for root, _, files in os.walk(folder):

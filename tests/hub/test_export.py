@@ -68,7 +68,7 @@ def test_card_without_metadata_and_cli_options(tmp_path, capsys):
     meta = card_header(card)
     assert meta["license"] == "apache-2.0" and meta["datasets"] == ["me/data"]
     assert "## Evaluation" not in card and "Tokens:" not in card
-    assert f'repo = "{tmp_path / "out"}"' in card and "AutoTokenizer" not in card
+    assert 'repo = "out"' in card and str(tmp_path) not in card and "AutoTokenizer" not in card
 
 
 @pytest.mark.parametrize("layout", [

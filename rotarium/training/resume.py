@@ -1,0 +1,205 @@
+"""What ``--resume`` checks before it continues a run: which checkpoint to continue from (complete, verified against
+its checksums, good) and that the config is the run's own.
+
+Which settings may differ from the run's on resume:
+
+- freely (:data:`SAFE_ON_RESUME`): ``train.max_steps``, the logging, evaluation and checkpoint intervals, the
+  guard's settings, trackers and threads, ``model.gradient_checkpointing`` and the ``eval`` section; none of them
+  changes the model or the data it sees;
+- with ``--allow-config-change KEY``: the ``data`` and ``optim`` sections and the other ``train`` keys (a moved
+  corpus file, a lower learning rate after a blow-up);
+- never (:data:`FIXED_ON_RESUME`): the ``model`` section (its weights are the checkpoint's, and a changed size or
+  option would not fit them or would silently change what they compute) and the ``tokenizer`` section (the run's
+  saved tokenizer is what the ids mean). A run with other such settings is a new run: ``--init-from`` a checkpoint.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import os
+from pathlib import Path
+from typing import Any
+
+from rotarium.training.config import Config, field_types, flatten
+from rotarium.training.run_folder import (
+    CHECKPOINTS,
+    TRAINING_ARGS,
+    CorruptCheckpoint,
+    checkpoint_dir,
+    checkpoint_step,
+    complete_checkpoints,
+    read_trainer_state,
+    verify_checkpoint,
+)
+
+logger = logging.getLogger(__name__)
+
+SAFE_ON_RESUME = ("train.max_steps", "train.eval_every", "train.eval_batches", "train.save_every",
+                  "train.keep_checkpoints", "train.log_every", "train.max_bad_steps", "train.spike_factor",
+                  "train.spike_window", "train.report_to", "train.num_threads", "model.gradient_checkpointing",
+                  "eval.")
+FIXED_ON_RESUME = ("model.", "tokenizer.")
+
+
+def _matches(key: str, patterns: tuple[str, ...]) -> bool:
+    return any(key == p or (p.endswith(".") and key.startswith(p)) for p in patterns)
+
+
+def _policy(key: str) -> str:
+    if _matches(key, SAFE_ON_RESUME):
+        return "safe"
+    return "fixed" if _matches(key, FIXED_ON_RESUME) else "allowable"
+
+
+def config_values(config: Config) -> dict[str, Any]:
+    """The config as ``section.key`` values."""
+    return flatten(config.to_dict())
+
+
+def saved_config(training_args: dict[str, Any]) -> dict[str, Any]:
+    """The config keys of a run's ``training_args.json`` as ``section.key`` values, the lists and mappings (stored as
+    JSON text) decoded; keys this version does not know are left out."""
+    sections = {f.name: f.default_factory for f in dataclasses.fields(Config)}
+    out = {}
+    for key, value in training_args.items():
+        section, _, name = key.partition(".")
+        if section not in sections or name not in field_types(sections[section]):
+            continue
+        allowed = field_types(sections[section])[name]
+        if isinstance(value, str) and (list in allowed or dict in allowed) and str not in allowed:
+            value = json.loads(value)
+        out[key] = value
+    return out
+
+
+def run_config(run_dir: str | os.PathLike) -> dict[str, Any]:
+    """The config the run in ``run_dir`` last started with (its ``training_args.json``), as ``section.key`` values;
+    empty when there is none. ``--resume`` without ``--config`` starts from it."""
+    path = Path(run_dir) / TRAINING_ARGS
+    if not path.is_file():
+        return {}
+    try:
+        return saved_config(json.loads(path.read_text()))
+    except ValueError as error:
+        raise ValueError(f"--resume: {path} is unreadable ({error}); pass the run's settings with --config") from None
+
+
+class _Unset:
+    def __repr__(self) -> str:
+        return "(unset)"
+
+
+_UNSET = _Unset()
+
+
+def _differences(old: dict[str, Any], new: dict[str, Any]) -> dict[str, tuple[Any, Any]]:
+    """``key -> (old, new)`` for every key whose value differs, a mapping (``model.options``) key by key. Keys the
+    run did not record (added to rotarium since) are not compared."""
+    out = {}
+    for key in old.keys() & new.keys():
+        a, b = old[key], new[key]
+        if isinstance(a, dict) and isinstance(b, dict):
+            for sub in sorted(a.keys() | b.keys()):
+                if a.get(sub, _UNSET) != b.get(sub, _UNSET):
+                    out[f"{key}.{sub}"] = (a.get(sub, _UNSET), b.get(sub, _UNSET))
+        elif a != b:
+            out[key] = (a, b)
+    return out
+
+
+def check_allowed_keys(allowed: set[str]) -> None:
+    """Each ``--allow-config-change`` key is a config key that may change on resume."""
+    known = {f"{section}.{name}" for section, cls in ((f.name, f.default_factory) for f in dataclasses.fields(Config))
+             for name in field_types(cls)}
+    for key in sorted(allowed):
+        if key not in known and not key.startswith("model.options."):
+            raise ValueError(f"--allow-config-change {key}: not a config key (see `rotarium train --help`)")
+        if _policy(key) == "fixed":
+            raise ValueError(f"--allow-config-change {key}: model and tokenizer settings cannot change within a run; "
+                             "start a new run from the checkpoint's weights with --init-from CHECKPOINT")
+
+
+def check_config(checkpoint: Path, config: Config, allowed: set[str]) -> None:
+    """Refuses to resume ``checkpoint`` with a config that differs from the one it was trained with in a key that is
+    not :data:`SAFE_ON_RESUME` (nor in ``allowed``), listing every such key with its old and new value. Logs the
+    changes it lets through."""
+    path = checkpoint / TRAINING_ARGS
+    if not path.is_file():
+        logger.warning("--resume: %s has no %s; its config cannot be compared with this one", checkpoint,
+                       TRAINING_ARGS)
+        return
+    differences = _differences(saved_config(json.loads(path.read_text())), config_values(config))
+    refused = {k: v for k, v in differences.items() if _policy(k) != "safe" and k not in allowed}
+    if refused:
+        listed = ", ".join(f"{key} {old!r} -> {new!r}" for key, (old, new) in sorted(refused.items()))
+        fixed = [k for k in refused if _policy(k) == "fixed"]
+        hint = ("model and tokenizer settings are fixed for a run (a different model is a new run: --init-from "
+                f"{checkpoint} fine-tunes its weights)" if fixed else "")
+        if len(fixed) < len(refused):
+            hint += ("; " if hint else "") + ("a data, optimiser or batch setting changes with "
+                                               "--allow-config-change KEY")
+        raise ValueError(f"--resume: the config differs from the one {checkpoint.name} was trained with: {listed}; "
+                         f"{hint} (or pass the run's settings; without --config, --resume reads them from "
+                         f"{TRAINING_ARGS})")
+    for key, (old, new) in sorted(differences.items()):
+        logger.warning("--resume: %s changes from %r to %r", key, old, new)
+    if "train.max_steps" in differences and config.optim.schedule != "constant":
+        logger.warning("--resume: train.max_steps changes, and with it the %s learning-rate schedule from step %d on",
+                       config.optim.schedule, read_trainer_state(checkpoint)["step"])
+
+
+def _named_checkpoint(run_dir: Path, name: str) -> Path:
+    step = checkpoint_step(Path(name if name.startswith("step-") else f"step-{name}"))
+    complete = complete_checkpoints(run_dir)
+    path = checkpoint_dir(run_dir, step) if step is not None else None
+    if path not in complete:
+        names = ", ".join(p.name for p in complete) or "none"
+        raise ValueError(f"--resume-from {name}: no complete checkpoint of that name in {run_dir / CHECKPOINTS} "
+                         f"(complete ones: {names})")
+    return path
+
+
+def choose_checkpoint(run_dir: str | os.PathLike, name: str | None = None) -> Path | None:
+    """The checkpoint ``--resume`` continues from: ``name`` (``step-N`` or ``N``) when given, else the newest
+    complete checkpoint that passes its checksums and is good, with a warning naming each newer one it skips;
+    ``None`` when the run has no complete checkpoint. A checkpoint without checksums (written before they were
+    recorded) is used unverified, with a warning. Raises ``ValueError`` when ``name`` does not verify or when every
+    complete checkpoint is corrupt or not good."""
+    run_dir = Path(run_dir)
+    if name is not None:
+        checkpoint = _named_checkpoint(run_dir, name)
+        try:
+            verified = verify_checkpoint(checkpoint)
+        except CorruptCheckpoint as error:
+            raise ValueError(f"--resume-from {name}: {error}; choose another checkpoint") from error
+        if not verified:
+            logger.warning("--resume-from %s: it has no checksums (written by an older rotarium); loading it "
+                           "unverified", name)
+        state = read_trainer_state(checkpoint)
+        if not state.get("good", True):
+            logger.warning("--resume-from %s: not a good checkpoint (%s); resuming from it as asked", name,
+                           state.get("why_not_good", "?"))
+        return checkpoint
+    skipped = []
+    for checkpoint in reversed(complete_checkpoints(run_dir)):
+        try:
+            verified = verify_checkpoint(checkpoint)
+            state = read_trainer_state(checkpoint)
+        except (OSError, ValueError) as error:  # CorruptCheckpoint and a JSON error are ValueErrors
+            skipped.append(f"{checkpoint.name} (corrupt: {error})")
+            continue
+        if not state.get("good", True):
+            skipped.append(f"{checkpoint.name} (not good: {state.get('why_not_good', '?')}; --resume-from "
+                           f"{checkpoint.name} takes it anyway)")
+            continue
+        if not verified:
+            logger.warning("--resume: %s has no checksums (written by an older rotarium); loading it unverified",
+                           checkpoint.name)
+        if skipped:
+            logger.warning("--resume: skipped %s; resuming from %s", "; ".join(skipped), checkpoint.name)
+        return checkpoint
+    if skipped:
+        raise ValueError(f"--resume: no usable checkpoint in {run_dir / CHECKPOINTS}: {'; '.join(skipped)}; or "
+                         "--overwrite to start over")
+    return None
