@@ -37,6 +37,9 @@ CACHE_FIELD = "cache" if "cache" in {f.name for f in dataclasses.fields(CausalLM
 # Output projections that write into the residual stream, scaled down with depth (GPT-2, fla's prenorm rescaling).
 RESIDUAL_PROJECTIONS = ("o_proj", "down_proj")
 IGNORE_INDEX = -100  # transformers' label for tokens that are not scored
+# Tokens per chunk of the chunked LM loss: one chunk's [tokens, vocab] logits exist at a time, and chunks much
+# smaller than this make the projection's matmuls measurably less efficient (docs/benchmarks.md, lm_head.py).
+LOSS_CHUNK_TOKENS = 1024
 
 
 class RotariumPreTrainedModel(PreTrainedModel):
@@ -285,7 +288,8 @@ class RotariumForCausalLM(RotariumPreTrainedModel, GenerationMixin):
         targets = F.pad(labels[:, 1:], (0, 1), value=IGNORE_INDEX)
         loss = fused_linear_cross_entropy_loss(
             hidden_states.reshape(-1, hidden_states.shape[-1]), targets.reshape(-1), self.lm_head.weight,
-            self.lm_head.bias, ignore_index=IGNORE_INDEX, reduction="mean" if num_items_in_batch is None else "sum")
+            self.lm_head.bias, ignore_index=IGNORE_INDEX, num_chunks=-(-targets.numel() // LOSS_CHUNK_TOKENS),
+            reduction="mean" if num_items_in_batch is None else "sum")
         if num_items_in_batch is None:
             return loss
         if isinstance(num_items_in_batch, torch.Tensor):

@@ -65,8 +65,8 @@ class _LinearCrossEntropy(torch.autograd.Function):
                 grad_z.mul_(logit_scale)
             if grad_x is not None:
                 grad_x[start:end] = grad_z.to(weight.dtype) @ weight
-            if grad_weight is not None:
-                grad_weight += (grad_z.t() @ x_chunk.to(grad_z.dtype)).float()
+            if grad_weight is not None:  # in place: no [V, D] temporary per chunk
+                grad_weight.addmm_(grad_z.t(), x_chunk.to(grad_z.dtype))
             if grad_bias is not None:
                 grad_bias += grad_z.sum(0)
         if loss_scale is not None:
