@@ -15,6 +15,7 @@ COMMAND_MODULES = (
     "rotarium.hub.cli",         # export, push
     "rotarium.hub.convert",     # convert
     "rotarium.synthetic.cli",   # synthetic
+    "rotarium.synthetic.text",  # extrapolation
 )
 
 

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shlex
 import sys
 
@@ -11,10 +12,13 @@ import yaml
 from rotarium.utils.argtypes import int_list
 
 EPILOG = """\
-tasks (CPU defaults in brackets):
-  mqar     multi-query associative recall [length 64, 8 pairs, vocabulary 64; paper: 512, 64 pairs, 8192]
-  copying  copy a string of 26 letters, trained on lengths 2-64, evaluated at 64, 128, 256, 512
-  s2       word problem of S2 (parity), 1 layer, trained at length 128, evaluated at 128 and 512
+tasks (CPU defaults in brackets; each sweep of 4 families x 4 options x 3 seeds fits an hour on 2 cores):
+  mqar     multi-query associative recall [length 64, 8 pairs, vocabulary 64, width 96, 4 heads, 800 steps of 20;
+           paper: 512, 64 pairs, 8192]
+  copying  copy a string of 26 letters [trained on lengths 2-24, evaluated at 24, 48, 96, 192; width 96, 4 heads,
+           1000 steps of 20; paper: 2-64, evaluated up to 512]
+  s2       word problem of S2 (parity) [1 layer, width 64, trained at length 32, evaluated at 32, 128 (4x) and
+           512 (16x); a sweep tries lr 1e-3, 3e-3 and 1e-2; paper: length 128, evaluated at 512]
   a3       word problem of A3 (= Z3), same settings as s2 (no --paper: the reference has no A3 setting)
 
 --paper takes the Selective RoPE reference's setting of mqar, copying or s2 (model family, depth, width, heads,
@@ -23,11 +27,11 @@ steps, batch and width, and prints the scaling; explicit flags win. docs/referen
 
 examples:
   rotarium synthetic s2 --family transformer --position selective_rope --option selective_rope_decay=false
-  rotarium synthetic sweep copying --output-dir docs/synthetic
+  rotarium synthetic sweep copying --output-dir docs/synthetic   (prints its expected time; a rerun resumes)
 """
 
 
-def _csv(choices: tuple[str, ...]):
+def choice_list(choices: tuple[str, ...]):
     def parse(text: str) -> list[str]:
         values = [v.strip() for v in text.split(",") if v.strip()]
         bad = [v for v in values if v not in choices]
@@ -44,7 +48,19 @@ def _option(text: str) -> tuple[str, object]:
     return key.strip(), yaml.safe_load(value)
 
 
-def _common(parser: argparse.ArgumentParser) -> None:
+def _float_list(flag: str):
+    def parse(text: str) -> list[float]:
+        try:
+            values = [float(x) for x in text.split(",") if x.strip()]
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{flag} takes numbers separated by commas, got {text!r}") from None
+        if not values or min(values) <= 0:
+            raise argparse.ArgumentTypeError(f"{flag} must be positive numbers, got {text!r}")
+        return values
+    return parse
+
+
+def _common(parser: argparse.ArgumentParser, sweep: bool = False) -> None:
     from rotarium.synthetic.runner import FAMILIES, POSITIONS
 
     size = parser.add_argument_group("model and training (default: the task's CPU setting)")
@@ -53,7 +69,12 @@ def _common(parser: argparse.ArgumentParser) -> None:
     size.add_argument("--heads", type=int, default=None, help="attention / recurrent heads")
     size.add_argument("--steps", type=int, default=None, help="training steps (a fresh batch each)")
     size.add_argument("--batch-size", type=int, default=None, help="sequences per step and per evaluation batch")
-    size.add_argument("--lr", type=float, default=None, help="peak learning rate (warmup 10%%, cosine to 10%%)")
+    if sweep:
+        size.add_argument("--lr", type=_float_list("--lr"), default=None,
+                          help="peak learning rate(s), comma-separated: each is a row of the table (warmup 10%%, "
+                               "cosine to 10%%)")
+    else:
+        size.add_argument("--lr", type=float, default=None, help="peak learning rate (warmup 10%%, cosine to 10%%)")
     size.add_argument("--option", type=_option, action="append", default=[], metavar="KEY=VALUE",
                       help="a model-config field, e.g. selective_rope_decay=false or rope_theta=500 (repeatable)")
     task = parser.add_argument_group("task")
@@ -66,7 +87,13 @@ def _common(parser: argparse.ArgumentParser) -> None:
     task.add_argument("--paper", action="store_true",
                       help="the Selective RoPE reference's setting of the task, scaled down for a CPU (see below)")
     task.add_argument("--eval-batches", type=int, default=4, help="evaluation batches per length (default 4)")
-    parser.add_argument("--seed", type=int, default=0, help="seed of the model and the training batches")
+    if sweep:
+        parser.add_argument("--seeds", type=int_list("--seeds", minimum=0), default=[0, 1, 2],
+                            help="comma-separated seeds, each a run of every cell (default 0,1,2)")
+        parser.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1),
+                            help="runs at a time, one process and one thread each (default: 2, or 1 on one core)")
+    else:
+        parser.add_argument("--seed", type=int, default=0, help="seed of the model and the training batches")
     parser.add_argument("--device", default="cpu", help="cpu, cuda, ... (default cpu)")
     parser.set_defaults(families=FAMILIES, positions=POSITIONS)
 
@@ -89,32 +116,37 @@ def add_commands(subparsers) -> None:
         run.add_argument("--json", action="store_true", help="print the result as JSON")
         _common(run)
         run.set_defaults(func=run_one, task=name)
-    sweep = tasks.add_parser("sweep", help="every family x positional option of a task: table, CSV, plot",
-                             description="Runs every family x positional option of TASK and writes TASK.md, "
-                                         "TASK.csv and TASK.png into --output-dir. Finished runs are saved as they "
-                                         "end; running it again skips combinations already there (--rerun: not).")
+    sweep = tasks.add_parser(
+        "sweep", help="every family x positional option x seed of a task: table, CSV, plot",
+        description="Runs every family x positional option x lr x seed of TASK and writes TASK.md (median and "
+                    "min-max over seeds, the papers' claims checked seed by seed), TASK.csv and TASK.png into "
+                    "--output-dir. Each run is saved as it ends; running it again skips the runs already there "
+                    "(--rerun: not). Prints the expected time first.")
     sweep.add_argument("task", choices=list(TASKS), help="the task")
-    sweep.add_argument("--families", type=_csv(FAMILIES), default=list(FAMILIES),
+    sweep.add_argument("--families", type=choice_list(FAMILIES), default=list(FAMILIES),
                        help=f"comma-separated subset of {','.join(FAMILIES)}")
-    sweep.add_argument("--positions", type=_csv(POSITIONS), default=list(POSITIONS),
+    sweep.add_argument("--positions", type=choice_list(POSITIONS), default=list(POSITIONS),
                        help=f"comma-separated subset of {','.join(POSITIONS)}")
     sweep.add_argument("--output-dir", default="docs/synthetic", help="where the table, CSV and plot go")
     sweep.add_argument("--rerun", action="store_true", help="run every combination again")
-    _common(sweep)
+    sweep.add_argument("--report-only", action="store_true",
+                       help="train nothing: write the table of the runs already in the CSV (partial if some are not)")
+    _common(sweep, sweep=True)
     sweep.set_defaults(func=run_sweep)
     synthetic.set_defaults(func=lambda args: synthetic.print_help() or 2)
 
 
-def _settings(args: argparse.Namespace, family: str | None = None, position: str = "selective_rope"):
+def _settings(args: argparse.Namespace, family: str | None = None, position: str = "selective_rope",
+              lr: float | None = None, seed: int = 0):
     """The run's settings, unresolved (a sweep resolves each family on its own), after printing what a --paper run
     scales down or cannot express."""
     from rotarium.synthetic.runner import RunSettings, paper_scaling
 
     settings = RunSettings(
         task=args.task, family=family, position=position, num_layers=args.layers, hidden_size=args.hidden_size,
-        num_heads=args.heads, steps=args.steps, batch_size=args.batch_size, lr=args.lr,
+        num_heads=args.heads, steps=args.steps, batch_size=args.batch_size, lr=lr,
         train_length=args.train_length, eval_lengths=args.eval_lengths, num_pairs=args.num_pairs,
-        vocab_size=args.vocab_size, eval_batches=args.eval_batches, seed=args.seed, model_options=dict(args.option),
+        vocab_size=args.vocab_size, eval_batches=args.eval_batches, seed=seed, model_options=dict(args.option),
         device=args.device, paper=args.paper)
     for line in paper_scaling(settings):  # on stderr, so that --json output stays one JSON line
         print(f"--paper: {line}", file=sys.stderr)
@@ -126,7 +158,7 @@ def run_one(args: argparse.Namespace) -> int:
 
     from rotarium.synthetic.runner import train_and_evaluate
 
-    result = train_and_evaluate(_settings(args, args.family, args.position).resolved())
+    result = train_and_evaluate(_settings(args, args.family, args.position, args.lr, args.seed).resolved())
     if args.json:
         print(json.dumps({"settings": asdict(result.settings), "train_loss": result.train_loss,
                           "train_seconds": result.train_seconds, "parameters": result.parameters,
@@ -143,13 +175,20 @@ def run_one(args: argparse.Namespace) -> int:
 
 
 def run_sweep(args: argparse.Namespace) -> int:
-    from rotarium.synthetic.runner import sweep
+    from rotarium.synthetic.sweep import sweep
 
+    if args.jobs < 1:
+        raise ValueError(f"--jobs must be at least 1, got {args.jobs}")
+    if len(set(args.seeds)) != len(args.seeds):
+        raise ValueError(f"--seeds has a seed twice: {args.seeds}")
     base = _settings(args)
-    command = "rotarium " + " ".join(shlex.quote(a) for a in sys.argv[1:]) if sys.argv[1:2] == ["synthetic"] \
-        else None
+    # the command that regenerates the table (a --report-only table is one the same command completes)
+    argv = [a for a in sys.argv[1:] if a != "--report-only"]
+    command = "rotarium " + " ".join(shlex.quote(a) for a in argv) if argv[:1] == ["synthetic"] else None
     csv_path, md_path, png_path = sweep(base, args.output_dir, families=tuple(args.families),
-                                        positions=tuple(args.positions), command=command, rerun=args.rerun)
+                                        positions=tuple(args.positions), lrs=tuple(args.lr or ()),
+                                        seeds=tuple(args.seeds), command=command, rerun=args.rerun, jobs=args.jobs,
+                                        report_only=args.report_only)
     print(md_path.read_text())
     print(f"wrote {md_path}, {csv_path} and {png_path}")
     return 0

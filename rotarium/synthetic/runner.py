@@ -1,4 +1,4 @@
-"""Training a small model on a synthetic task, measuring its accuracy, and sweeping families x positional options.
+"""Training a small model on a synthetic task and measuring its accuracy (sweeps: ``rotarium.synthetic.sweep``).
 
 A run is one model trained from scratch on freshly generated batches (a new batch every step, so there is no
 overfitting to a fixed set), with the training job's AdamW and warmup + cosine schedule, then evaluated on held-out
@@ -8,14 +8,9 @@ exact match).
 """
 from __future__ import annotations
 
-import csv
-import io
-import json
 import math
-import os
 import time
 from dataclasses import asdict, dataclass, field, fields
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -24,7 +19,6 @@ import torch.nn.functional as F
 from rotarium.synthetic.tasks import IGNORE, TASKS, make_batch
 from rotarium.training.config import OptimSection
 from rotarium.training.optim import build_optimizer, clip_norm, set_learning_rate
-from rotarium.utils.files import write_text_atomic
 
 FAMILIES = ("gla", "fox", "deltanet", "transformer")
 POSITIONS = ("nope", "rope", "rove", "selective_rope")
@@ -125,6 +119,7 @@ class RunResult:
     train_seconds: float
     parameters: int
     evaluations: list[dict[str, float]]  # {"length", "accuracy", "sequence_accuracy"}
+    eval_seconds: float = 0.0
 
     def accuracy(self, length: int) -> float:
         return next(e["accuracy"] for e in self.evaluations if e["length"] == length)
@@ -203,170 +198,4 @@ def train_and_evaluate(settings: RunSettings, progress: bool = True) -> RunResul
     seconds = time.perf_counter() - start
     evaluations = [evaluate(model, s, length) for length in s.eval_lengths]
     return RunResult(s, sum(recent) / max(len(recent), 1), seconds, sum(p.numel() for p in model.parameters()),
-                     evaluations)
-
-
-# ----------------------------------------------------------------------------------------------------------- sweep
-CSV_FIELDS = ("task", "family", "position", "eval_length", "accuracy", "sequence_accuracy", "train_length",
-              "train_loss", "train_seconds", "steps", "batch_size", "lr", "num_layers", "hidden_size", "num_heads",
-              "parameters", "seed", "model_options", "num_pairs", "vocab_size", "optim_options")
-
-
-def _task_fields(s: RunSettings) -> dict[str, str]:
-    """The settings only one task reads (empty elsewhere)."""
-    mqar = s.task == "mqar"
-    # empty when the training job's optimiser is used, so that tables written before the field existed still match
-    return {"num_pairs": str(s.num_pairs) if mqar else "", "vocab_size": str(s.vocab_size) if mqar else "",
-            "optim_options": json.dumps(s.optim_options) if s.optim_options else ""}
-
-
-def result_rows(result: RunResult) -> list[dict[str, Any]]:
-    s = result.settings
-    return [{"task": s.task, "family": s.family, "position": s.position, "eval_length": e["length"],
-             "accuracy": round(e["accuracy"], 4), "sequence_accuracy": round(e["sequence_accuracy"], 4),
-             "train_length": s.train_length, "train_loss": round(result.train_loss, 4),
-             "train_seconds": round(result.train_seconds, 1), "steps": s.steps, "batch_size": s.batch_size,
-             "lr": s.lr, "num_layers": s.num_layers, "hidden_size": s.hidden_size, "num_heads": s.num_heads,
-             "parameters": result.parameters, "seed": s.seed, "model_options": json.dumps(s.model_options),
-             **_task_fields(s)} for e in result.evaluations]
-
-
-def read_rows(path: str | os.PathLike) -> list[dict[str, Any]]:
-    if not Path(path).is_file():
-        return []
-    with open(path, newline="") as f:
-        rows = list(csv.DictReader(f))
-    for row in rows:
-        for key in ("eval_length", "train_length", "steps", "num_layers", "hidden_size", "num_heads", "seed"):
-            row[key] = int(row[key])
-        for key in ("accuracy", "sequence_accuracy", "train_loss", "train_seconds"):
-            row[key] = float(row[key])
-    return rows
-
-
-def write_rows(rows: list[dict[str, Any]], path: Path) -> None:
-    """Atomically (a sweep killed half-way keeps every finished run)."""
-    text = io.StringIO(newline="")
-    writer = csv.DictWriter(text, fieldnames=CSV_FIELDS, restval="")
-    writer.writeheader()
-    writer.writerows(rows)
-    write_text_atomic(path, text.getvalue())
-
-
-def markdown_table(rows: list[dict[str, Any]], command: str | None = None) -> str:
-    """One table per evaluation length: families down, positional options across, token accuracy (%) with the
-    sequence accuracy in parentheses."""
-    task = rows[0]["task"]
-    spec = TASKS[task]
-    train_length = rows[0]["train_length"]
-    out = [f"## {task}: {spec.description}", ""]
-    if command:
-        out += [f"Command: `{command}`", ""]
-    first = rows[0]
-    out += [f"Model: {first['num_layers']} layer(s), width {first['hidden_size']}, {first['num_heads']} heads; "
-            f"{first['steps']} steps of {first['batch_size']} sequences, lr {first['lr']}, seed {first['seed']}; "
-            f"trained at length {train_length} {spec.length_unit}"
-            + (f", {first['num_pairs']} key-value pairs, vocabulary {first['vocab_size']}" if first.get("num_pairs")
-               else "")
-            + (f"; optimiser {first['optim_options']}" if first.get("optim_options") else "")
-            + ". Cells: token accuracy % (sequence accuracy %).", ""]
-    positions = [p for p in POSITIONS if any(r["position"] == p for r in rows)]
-    for length in sorted({r["eval_length"] for r in rows}):
-        beyond = " (beyond training)" if length > train_length else ""
-        out += [f"**Evaluated at length {length}{beyond}**", "",
-                "| family | " + " | ".join(positions) + " |", "|---|" + "---:|" * len(positions)]
-        for family in [f for f in FAMILIES if any(r["family"] == f for r in rows)]:
-            cells = []
-            for position in positions:
-                match = [r for r in rows if r["family"] == family and r["position"] == position
-                         and r["eval_length"] == length]
-                cells.append(f"{100 * match[0]['accuracy']:.1f} ({100 * match[0]['sequence_accuracy']:.0f})"
-                             if match else "-")
-            out.append(f"| {family} | " + " | ".join(cells) + " |")
-        out.append("")
-    return "\n".join(out)
-
-
-def plot(rows: list[dict[str, Any]], path: Path) -> None:
-    """One panel per family: accuracy against evaluation length, one line per positional option (grouped bars
-    when there is one evaluation length)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    families = [f for f in FAMILIES if any(r["family"] == f for r in rows)]
-    positions = [p for p in POSITIONS if any(r["position"] == p for r in rows)]
-    lengths = sorted({r["eval_length"] for r in rows})
-    task, train_length = rows[0]["task"], rows[0]["train_length"]
-    if len(lengths) == 1:
-        fig, ax = plt.subplots(figsize=(7, 3.5))
-        width = 0.8 / len(positions)
-        for i, position in enumerate(positions):
-            values = [next((r["accuracy"] for r in rows if r["family"] == f and r["position"] == position), 0.0)
-                      for f in families]
-            ax.bar([j + i * width for j in range(len(families))], values, width, label=position)
-        ax.set_xticks([j + 0.4 - width / 2 for j in range(len(families))], families)
-        ax.set_ylabel("token accuracy")
-        ax.set_ylim(0, 1.02)
-        ax.set_title(f"{task} (length {lengths[0]})")
-        ax.legend(fontsize=8)
-        ax.grid(axis="y", alpha=0.3)
-    else:
-        fig, axes = plt.subplots(1, len(families), figsize=(3.2 * len(families), 3.2), sharey=True, squeeze=False)
-        for ax, family in zip(axes[0], families):
-            for position in positions:
-                points = sorted((r["eval_length"], r["accuracy"]) for r in rows
-                                if r["family"] == family and r["position"] == position)
-                if points:
-                    ax.plot(*zip(*points), marker="o", label=position)
-            ax.axvline(train_length, color="gray", linestyle="--", linewidth=1)
-            ax.set_xscale("log", base=2)
-            ax.set_title(family)
-            ax.set_xlabel("evaluation length")
-            ax.set_ylim(0, 1.02)
-            ax.grid(alpha=0.3)
-        axes[0][0].set_ylabel("token accuracy")
-        axes[0][-1].legend(fontsize=8)
-        fig.suptitle(f"{task} (dashed: training length {train_length})")
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-
-
-def _identity(settings: RunSettings) -> dict[str, str]:
-    """What makes two runs the same experiment, as the CSV writes it."""
-    s = settings
-    return {"steps": str(s.steps), "batch_size": str(s.batch_size), "lr": str(s.lr), "num_layers": str(s.num_layers),
-            "hidden_size": str(s.hidden_size), "num_heads": str(s.num_heads), "seed": str(s.seed),
-            "train_length": str(s.train_length), "model_options": json.dumps(s.model_options), **_task_fields(s)}
-
-
-def sweep(base: RunSettings, output_dir: str | os.PathLike, *, families: tuple[str, ...] = FAMILIES,
-          positions: tuple[str, ...] = POSITIONS, command: str | None = None, rerun: bool = False,
-          progress: bool = True) -> tuple[Path, Path, Path]:
-    """Every family x positional option of ``base.task``; writes ``<task>.csv`` after every run (a rerun skips the
-    combinations already there with the same settings unless ``rerun``), then ``<task>.md`` and ``<task>.png``."""
-    from tqdm.auto import tqdm
-
-    output_dir = Path(output_dir)
-    output_dir.mkdir(parents=True, exist_ok=True)
-    task = base.task
-    csv_path, md_path, png_path = (output_dir / f"{task}.{ext}" for ext in ("csv", "md", "png"))
-    rows = [] if rerun else read_rows(csv_path)
-    combos = [(f, p) for f in families for p in positions]
-    for family, position in tqdm(combos, desc=f"sweep {task}", disable=not progress):
-        settings = RunSettings(**{**asdict(base), "family": family, "position": position}).resolved()
-        wanted = _identity(settings)
-        if any(r["family"] == family and r["position"] == position
-               and {k: "" if r.get(k) is None else str(r[k]) for k in wanted} == wanted for r in rows):
-            continue
-        rows = [r for r in rows if not (r["family"] == family and r["position"] == position)]
-        result = train_and_evaluate(settings, progress=progress)
-        rows += result_rows(result)
-        write_rows(rows, csv_path)
-        accuracies = ", ".join(f"{e['length']}: {e['accuracy']:.3f}" for e in result.evaluations)
-        tqdm.write(f"{task} {family} {position}: accuracy {accuracies} ({result.train_seconds:.0f} s)")
-    write_text_atomic(md_path, markdown_table(rows, command) + "\n")
-    plot(rows, png_path)
-    return csv_path, md_path, png_path
+                     evaluations, time.perf_counter() - start - seconds)

@@ -7,7 +7,7 @@ Variable-length batches are right-padded: a causal model never sees the padding 
 - ``mqar``: multi-query associative recall (Arora et al., 2023, Zoology): key-value pairs, then the keys again in a
   random order at random places; at each queried key the model outputs its value.
 - ``copying``: a string over 26 letters, a separator, the string again; scored on the copy. Trained on lengths
-  2-64, evaluated on longer strings (length generalisation).
+  2 to the training length, evaluated on longer strings (length generalisation).
 - ``s2`` / ``a3``: the word problem of S2 (parity) and of A3 (the cyclic group of order 3, isomorphic to Z3): at
   every position the model outputs the product of the group elements so far.
 """
@@ -124,7 +124,12 @@ class PaperSetting:
 
 @dataclass
 class TaskSpec:
-    """A task with its defaults: what a CPU run in minutes uses, and the reference's setting in ``paper``."""
+    """A task with its defaults: what a CPU run in minutes uses, and the reference's setting in ``paper``.
+
+    The defaults are sized so that a sweep (4 families x 4 options x 3 seeds, times ``sweep_lrs``) fits an hour on
+    two CPU cores, at a width where the families can learn the task in distribution, so that the table compares
+    positional options rather than models too small for the task (docs/results.md says which do).
+    """
 
     name: str
     description: str
@@ -138,8 +143,15 @@ class TaskSpec:
     batch_size: int = 32
     lr: float = 3e-3
     num_pairs: int = 8  # mqar only
+    sweep_lrs: tuple[float, ...] = ()  # the learning rates a sweep tries (default: ``lr`` alone)
     length_unit: str = "tokens"
     paper: PaperSetting | None = None
+
+    def tokens_per_sequence(self, length: int, num_pairs: int | None = None) -> int:
+        """Tokens of the longest training sequence at ``length`` (what a training batch is padded to)."""
+        if self.name == "copying":
+            return 2 * length + 2
+        return length if self.name == "mqar" else length + 1
 
 
 # The reference's GLA keeps its key width equal to the model width in every synthetic config (expand_k 1, against
@@ -157,7 +169,8 @@ _REFERENCE_SELECTIVE_ROPE = {"selective_rope_rank": 32, "selective_rope_conv_siz
 TASKS: dict[str, TaskSpec] = {
     "mqar": TaskSpec(
         "mqar", "multi-query associative recall: the value of every queried key", vocab_size=64,
-        train_length=64, eval_lengths=[64], num_pairs=8, steps=1500,
+        train_length=64, eval_lengths=[64], num_pairs=8, hidden_size=96, num_heads=4, steps=800,
+        batch_size=20, lr=2e-3,
         paper=PaperSetting(
             sources=("configs/mad/mad.yaml", "configs/mad/model/gla.yaml", "configs/mad/trainer/trainer.yaml",
                      "configs/mad/model/position_embedding/selective_rope.yaml",
@@ -179,8 +192,9 @@ TASKS: dict[str, TaskSpec] = {
                   ("data: our MQAR generator (Zoology's layout) at the paper's length and pairs; MAD's own "
                    "in-context-recall generator (vocabulary 16, lengths 128-1024) is not reimplemented")))),
     "copying": TaskSpec(
-        "copying", "copy a string of 26 letters; trained on lengths 2-64, evaluated on longer strings",
-        vocab_size=COPY_ALPHABET + 2, train_length=64, eval_lengths=[64, 128, 256, 512],
+        "copying", "copy a string of 26 letters; trained on lengths 2 to the training length, evaluated on longer "
+        "strings", vocab_size=COPY_ALPHABET + 2, train_length=24, eval_lengths=[24, 48, 96, 192], hidden_size=96,
+        num_heads=4, steps=1000, batch_size=20, lr=2e-3,
         length_unit="letters",
         paper=PaperSetting(
             sources=("configs/copying/copying.yaml", "configs/copying/model/gla.yaml",
@@ -201,7 +215,7 @@ TASKS: dict[str, TaskSpec] = {
                    "(--option selective_rope_bias=false / selective_rope_phase_gate=false for the others)"),))),
     "s2": TaskSpec(
         "s2", "word problem of S2 (parity): the running parity at every position", vocab_size=3,
-        train_length=128, eval_lengths=[128, 512], num_layers=1,
+        train_length=32, eval_lengths=[32, 128, 512], num_layers=1, steps=800, sweep_lrs=(1e-3, 3e-3, 1e-2),
         paper=PaperSetting(
             sources=("configs/state_tracking/state_tracking.yaml", "configs/state_tracking/model/gla.yaml",
                      "configs/state_tracking/data/data.yaml", "configs/state_tracking/trainer/trainer.yaml",
@@ -221,7 +235,7 @@ TASKS: dict[str, TaskSpec] = {
                    "repository does not include, so a fixed step count with our cosine schedule stands in"),))),
     "a3": TaskSpec(
         "a3", "word problem of A3 (= Z3): the running sum mod 3 at every position", vocab_size=4,
-        train_length=128, eval_lengths=[128, 512], num_layers=1),
+        train_length=32, eval_lengths=[32, 128, 512], num_layers=1, steps=800, sweep_lrs=(1e-3, 3e-3, 1e-2)),
 }
 
 

@@ -5,7 +5,8 @@ import json
 import pytest
 
 from rotarium.cli import main
-from rotarium.synthetic.runner import RunSettings, read_rows, train_and_evaluate
+from rotarium.synthetic.runner import RunSettings, train_and_evaluate
+from rotarium.synthetic.sweep import read_rows
 from rotarium.synthetic.tasks import TASKS
 
 TINY = ["--steps", "3", "--hidden-size", "16", "--heads", "2", "--batch-size", "4", "--eval-batches", "1"]
@@ -36,7 +37,7 @@ def test_training_learns_parity_of_short_words():
 
 def test_sweep_writes_table_csv_plot_and_resumes(tmp_path, capsys):
     args = ["synthetic", "sweep", "s2", "--families", "gla,transformer", "--positions", "nope,selective_rope",
-            "--output-dir", str(tmp_path), *TINY, *SHORT["s2"]]
+            "--output-dir", str(tmp_path), "--seeds", "0", "--lr", "3e-3", "--jobs", "1", *TINY, *SHORT["s2"]]
     assert main(args) == 0
     rows = read_rows(tmp_path / "s2.csv")
     assert {(r["family"], r["position"]) for r in rows} == {
