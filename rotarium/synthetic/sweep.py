@@ -8,7 +8,6 @@ plot are written from the CSV's rows of this sweep's settings.
 from __future__ import annotations
 
 import csv
-import io
 import json
 import os
 import statistics
@@ -20,7 +19,7 @@ from typing import Any
 
 from rotarium.synthetic.runner import FAMILIES, POSITIONS, RunResult, RunSettings, train_and_evaluate
 from rotarium.synthetic.tasks import TASKS
-from rotarium.utils.files import write_text_atomic
+from rotarium.utils.files import write_csv_atomic, write_text_atomic
 
 SEEDS = (0, 1, 2)
 CSV_FIELDS = ("task", "family", "position", "eval_length", "accuracy", "sequence_accuracy", "train_length",
@@ -65,15 +64,6 @@ def read_rows(path: str | os.PathLike) -> list[dict[str, Any]]:
             row[key] = float(row[key])
         row["eval_seconds"] = float(row.get("eval_seconds") or 0.0)  # absent in tables written before it existed
     return rows
-
-
-def write_rows(rows: list[dict[str, Any]], path: Path) -> None:
-    """Atomically (a sweep killed half-way keeps every finished unit)."""
-    text = io.StringIO(newline="")
-    writer = csv.DictWriter(text, fieldnames=CSV_FIELDS, restval="", extrasaction="ignore")
-    writer.writeheader()
-    writer.writerows(rows)
-    write_text_atomic(path, text.getvalue())
 
 
 # --------------------------------------------------------------------------------------------------------- units
@@ -170,7 +160,7 @@ def run_units(planned: list[tuple[Unit, RunSettings]], csv_path: Path, *, rerun:
     todo = [(unit, settings) for unit, settings in planned if rerun or not is_done(rows, settings, unit)]
     if rerun:
         rows = [r for r in rows if not any(_is_unit(r, u, _shared(s)) for u, s in todo)]
-        write_rows(rows, csv_path)
+        write_csv_atomic(csv_path, rows, CSV_FIELDS)  # a sweep killed half-way keeps every finished unit
     expected = sum(expected_seconds(s) for _, s in todo) / max(1, min(jobs, len(todo)))
     log(f"{len(planned) - len(todo)} of {len(planned)} runs already done; {len(todo)} to run with {jobs} "
         f"process(es), expected about {expected / 60:.0f} min on an uncontended 2-core x86 CPU")
@@ -180,7 +170,7 @@ def run_units(planned: list[tuple[Unit, RunSettings]], csv_path: Path, *, rerun:
         # read again: another sweep may have added its runs to the same CSV since
         rows = [r for r in read_rows(csv_path) if not _is_unit(r, unit, _shared(result.settings))]
         rows += result_rows(result)
-        write_rows(rows, csv_path)
+        write_csv_atomic(csv_path, rows, CSV_FIELDS)
         accuracies = ", ".join(f"{e['length']}: {e['accuracy']:.3f}" for e in result.evaluations)
         log(f"{result.settings.task} {unit.family} {unit.position} lr {unit.lr:g} seed {unit.seed}: accuracy "
             f"{accuracies} ({result.train_seconds:.0f} s)")

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import csv
-import io
 import itertools
 import json
 import os
@@ -28,7 +27,7 @@ from typing import Any
 from rotarium.synthetic.runner import FAMILIES, POSITIONS
 from rotarium.synthetic.sweep import verdict
 from rotarium.utils.argtypes import int_list
-from rotarium.utils.files import write_text_atomic
+from rotarium.utils.files import write_csv_atomic, write_text_atomic
 
 # Debian's python3-doc package (`apt-get install python3-doc`): Python's full documentation as reStructuredText,
 # about 24 times the embedded corpus.
@@ -89,14 +88,6 @@ def read_rows(path: Path) -> list[dict[str, Any]]:
         for key in ("train_seconds", "eval_seconds", "lr"):
             r[key] = float(r[key])
     return rows
-
-
-def write_rows(rows: list[dict[str, Any]], path: Path) -> None:
-    text = io.StringIO(newline="")
-    writer = csv.DictWriter(text, fieldnames=CSV_FIELDS, restval="", extrasaction="ignore")
-    writer.writeheader()
-    writer.writerows(rows)
-    write_text_atomic(path, text.getvalue())
 
 
 def shared_tokenizer(overrides: dict[str, Any], folder: Path) -> Path:
@@ -190,7 +181,7 @@ def run_units(overrides: dict[str, Any], units: list[Unit], output_dir: Path, ru
         rows = [r for r in rows if not ((r["family"], r["position"], r["seed"]) == (unit.family, unit.position,
                                                                                      unit.seed)
                                         and r["settings"] == key)] + new
-        write_rows(rows, csv_path)
+        write_csv_atomic(csv_path, rows, CSV_FIELDS)  # a sweep killed half-way keeps every finished unit
         ppl = ", ".join(f"{r['context_length']}: {r['perplexity']}" for r in new)
         log(f"{unit.family} {unit.position} seed {unit.seed}: perplexity {ppl} ({new[0]['train_seconds']:.0f} s)")
 

@@ -5,11 +5,13 @@ is atomic. This module imports the standard library only: exported checkpoints b
 """
 from __future__ import annotations
 
+import csv
+import io
 import json
 import os
 import shutil
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -31,6 +33,16 @@ def write_text_atomic(path: str | os.PathLike, text: str) -> None:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def write_csv_atomic(path: str | os.PathLike, rows: list[dict], fieldnames: Sequence[str]) -> None:
+    """``rows`` as a CSV with the columns ``fieldnames`` (missing values empty, others ignored), written atomically:
+    a process killed half-way leaves the previous file whole."""
+    text = io.StringIO(newline="")
+    writer = csv.DictWriter(text, fieldnames=list(fieldnames), restval="", extrasaction="ignore")
+    writer.writeheader()
+    writer.writerows(rows)
+    write_text_atomic(path, text.getvalue())
 
 
 def write_json_atomic(path: str | os.PathLike, data: Any) -> None:

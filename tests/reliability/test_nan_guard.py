@@ -9,7 +9,6 @@ import math
 import pytest
 
 from rotarium.cli import main
-from rotarium.models.modeling import RotariumForCausalLM
 from rotarium.training.config import load_config
 from rotarium.training.guard import LossGuard
 from rotarium.training.run_folder import complete_checkpoints, read_trainer_state
@@ -24,28 +23,13 @@ def _config(corpus, **extra):
     return load_config(None, {**TINY, "data.source": str(corpus), **extra})
 
 
-def _scale_losses(monkeypatch, factor):
-    """The training loss of the n-th step (from 1) multiplied by ``factor(n)``."""
-    original = RotariumForCausalLM.forward
-    calls = [0]
-
-    def forward(self, *args, **kwargs):
-        out = original(self, *args, **kwargs)
-        if self.training:
-            calls[0] += 1
-            out.loss = out.loss * factor(calls[0])
-        return out
-
-    monkeypatch.setattr(RotariumForCausalLM, "forward", forward)
-
-
 def _verdicts(run_dir):
     return {p.name: read_trainer_state(p)["good"] for p in complete_checkpoints(run_dir)}
 
 
 def test_a_spike_then_nans_names_the_checkpoint_before_the_spike(corpus, tmp_path, monkeypatch):
     # step 5: a loss a million times too high, yet finite; from step 7 on: NaN
-    _scale_losses(monkeypatch, lambda n: 1e6 if n == 5 else math.nan if n >= 7 else 1.0)
+    conftest.scale_losses(monkeypatch, lambda n: 1e6 if n == 5 else math.nan if n >= 7 else 1.0)
     config = _config(corpus, **{"train.max_steps": 12, "train.save_every": 3, "train.max_bad_steps": 3})
     trainer = Trainer(config, tmp_path / "run")
     with pytest.warns(RuntimeWarning, match="step 5: loss .* above the spike threshold"), \
@@ -59,7 +43,7 @@ def test_a_spike_then_nans_names_the_checkpoint_before_the_spike(corpus, tmp_pat
 
 def test_a_slow_blow_up_warns_and_resume_goes_back_to_the_last_good_checkpoint(corpus, tmp_path, monkeypatch,
                                                                              caplog):
-    _scale_losses(monkeypatch, lambda n: 2.0 ** max(0, n - 6))  # doubles every step after step 6, stays finite
+    conftest.scale_losses(monkeypatch, lambda n: 2.0 ** max(0, n - 6))  # doubles every step after step 6, stays finite
     run_dir = tmp_path / "run"
     settings = {"train.max_steps": 14, "train.save_every": 3, "train.spike_window": 3}
     trainer = Trainer(_config(corpus, **settings), run_dir)

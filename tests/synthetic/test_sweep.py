@@ -16,6 +16,7 @@ from rotarium.synthetic.sweep import (
     sweep_units,
     verdict,
 )
+from rotarium.utils.files import write_csv_atomic
 
 TINY = {"steps": 2, "hidden_size": 16, "num_heads": 2, "batch_size": 4, "eval_batches": 1, "train_length": 8,
         "eval_lengths": [8, 16]}
@@ -107,7 +108,7 @@ def test_a_rerun_trains_only_the_missing_units(tmp_path, monkeypatch):
     assert calls == []  # everything is there with the same settings
     # a unit killed before it finished leaves no rows: only it runs again
     rows = [r for r in read_rows(csv_path) if not (r["position"] == "rope" and r["seed"] == 1)]
-    sweep_module.write_rows(rows, csv_path)
+    write_csv_atomic(csv_path, rows, sweep_module.CSV_FIELDS)
     sweep(base, tmp_path, **kwargs)
     assert calls == [("gla", "rope", 1)]
     calls.clear()

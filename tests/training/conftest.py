@@ -98,3 +98,20 @@ def reference(corpus, tmp_path_factory) -> Path:
     run_dir = tmp_path_factory.mktemp("runs") / "reference"
     ok(run_child(["train", "--output-dir", str(run_dir), *cli_args(corpus)]))
     return run_dir
+
+
+def scale_losses(monkeypatch, factor) -> None:
+    """Makes the training loss of the n-th step (from 1) the model's loss times ``factor(n)`` (a spike, a NaN)."""
+    from rotarium.models import RotariumForCausalLM
+
+    original = RotariumForCausalLM.forward
+    calls = [0]
+
+    def forward(self, *args, **kwargs):
+        out = original(self, *args, **kwargs)
+        if self.training:
+            calls[0] += 1
+            out.loss = out.loss * factor(calls[0])
+        return out
+
+    monkeypatch.setattr(RotariumForCausalLM, "forward", forward)

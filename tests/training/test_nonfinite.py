@@ -4,35 +4,19 @@ import math
 import pytest
 import torch
 
-from rotarium.models.modeling import RotariumForCausalLM
 from rotarium.training.config import load_config
 from rotarium.training.run_folder import latest_checkpoint
 from rotarium.training.trainer import Trainer, TrainingDiverged
 
-from .conftest import TINY
+from .conftest import TINY, scale_losses
 
 
 def _config(corpus, **extra):
     return load_config(None, {**TINY, "data.source": str(corpus), **extra})
 
 
-def _poison(monkeypatch, bad_calls):
-    original = RotariumForCausalLM.forward
-    calls = [0]
-
-    def forward(self, *args, **kwargs):
-        out = original(self, *args, **kwargs)
-        if self.training:
-            calls[0] += 1
-            if calls[0] in bad_calls:
-                out.loss = out.loss * float("nan")
-        return out
-
-    monkeypatch.setattr(RotariumForCausalLM, "forward", forward)
-
-
 def test_a_nan_step_is_skipped(corpus, tmp_path, monkeypatch):
-    _poison(monkeypatch, {3, 4})
+    scale_losses(monkeypatch, lambda n: float("nan") if n in (3, 4) else 1.0)
     trainer = Trainer(_config(corpus, **{"train.max_steps": 6}), tmp_path / "run")
     with pytest.warns(RuntimeWarning, match="non-finite"):
         result = trainer.train()
@@ -43,7 +27,7 @@ def test_a_nan_step_is_skipped(corpus, tmp_path, monkeypatch):
 
 
 def test_too_many_bad_steps_stop_with_the_last_checkpoint(corpus, tmp_path, monkeypatch):
-    _poison(monkeypatch, set(range(5, 100)))
+    scale_losses(monkeypatch, lambda n: float("nan") if n >= 5 else 1.0)
     config = _config(corpus, **{"train.max_steps": 12, "train.save_every": 3, "train.max_bad_steps": 4})
     trainer = Trainer(config, tmp_path / "run")
     with pytest.warns(RuntimeWarning), pytest.raises(TrainingDiverged, match="step-3"):
