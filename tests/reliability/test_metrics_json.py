@@ -15,8 +15,7 @@ from rotarium.training.config import load_config
 from rotarium.training.metrics import append_record, plot_loss_curve, truncate_metrics
 from rotarium.training.trainer import Trainer
 from tests.hub.helpers import make_checkpoint
-from tests.training.conftest import TINY
-from tests.training.test_nonfinite import _poison
+from tests.training.conftest import TINY, scale_losses
 
 
 def strict_records(path: Path) -> list[dict]:
@@ -30,7 +29,8 @@ def strict_records(path: Path) -> list[dict]:
 def test_a_run_with_a_nan_step_writes_strict_json(tmp_path, monkeypatch):
     corpus = tmp_path / "corpus.txt"
     corpus.write_text("\n\n\n".join(embedded_documents()[:40]))
-    _poison(monkeypatch, {3})  # the third training forward: step 3's loss is NaN, its update skipped
+    # the third training forward: step 3's loss is NaN, its update skipped
+    scale_losses(monkeypatch, lambda n: float("nan") if n == 3 else 1.0)
     config = load_config(None, {**TINY, "data.source": str(corpus), "train.max_steps": 4, "train.eval_every": 4})
     run = tmp_path / "run"
     with pytest.warns(RuntimeWarning, match="non-finite"):
