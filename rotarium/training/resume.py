@@ -1,5 +1,11 @@
 """What ``--resume`` checks before it continues a run: which checkpoint to continue from (complete, verified against
-its checksums, good) and that the config is the run's own.
+its checksums, good), that the config is the run's own, and that the launch can load its state.
+
+The number of processes may change on resume: a step's batch is a function of ``(seed, step)`` and
+``train.global_batch_size`` fixes its size, so with it set one process with two micro-batches continues a
+two-process run. Sharding may not: an FSDP checkpoint's weights and optimizer state are shards
+(``state/pytorch_model_fsdp_0/``) that only an FSDP launch reads, and a checkpoint saved without FSDP holds whole
+tensors that an FSDP launch does not read.
 
 Which settings may differ from the run's on resume:
 
@@ -23,6 +29,7 @@ from typing import Any
 
 from rotarium.training.config import Config, field_types, flatten
 from rotarium.training.run_folder import (
+    ACCELERATE_STATE,
     CHECKPOINTS,
     TRAINING_ARGS,
     CorruptCheckpoint,
@@ -147,6 +154,23 @@ def check_config(checkpoint: Path, config: Config, allowed: set[str]) -> None:
     if "train.max_steps" in differences and config.optim.schedule != "constant":
         logger.warning("--resume: train.max_steps changes, and with it the %s learning-rate schedule from step %d on",
                        config.optim.schedule, read_trainer_state(checkpoint)["step"])
+
+
+FSDP_SHARDS = "pytorch_model_fsdp_0"  # where accelerate's save_state puts an FSDP model's sharded weights
+
+
+def check_launch(checkpoint: Path, fsdp: bool) -> None:
+    """Raises ``ValueError`` when ``checkpoint``'s accelerate state was saved with FSDP and this launch is not FSDP,
+    or the other way round (see the module docstring)."""
+    sharded = (checkpoint / ACCELERATE_STATE / FSDP_SHARDS).is_dir()
+    if sharded and not fsdp:
+        raise ValueError(f"{checkpoint} was saved by an FSDP run (its weights are shards in "
+                         f"{ACCELERATE_STATE}/{FSDP_SHARDS}/); resume it under an FSDP launch (`accelerate launch "
+                         "--config_file rotarium/configs/accelerate/fsdp_gpu.yaml` or fsdp_cpu.yaml), or start a new "
+                         f"run from its consolidated weights with --init-from {checkpoint}")
+    if fsdp and not sharded:
+        raise ValueError(f"{checkpoint} was saved without FSDP; resume it without FSDP (one process or a DDP "
+                         f"config), or start an FSDP run from its weights with --init-from {checkpoint}")
 
 
 def _named_checkpoint(run_dir: Path, name: str) -> Path:

@@ -29,13 +29,14 @@ import torch
 
 from rotarium.data.batches import StreamingSchedule
 from rotarium.data.documents import iter_documents, split_documents
+from rotarium.training.accelerator import make_accelerator
 from rotarium.training.build import accumulation_steps, build_model, prepare_data, prepare_tokenizer
 from rotarium.training.config import Config, flatten
 from rotarium.training.guard import LossGuard
 from rotarium.training.lock import RunLock
 from rotarium.training.metrics import append_record, plot_loss_curve, truncate_metrics
 from rotarium.training.optim import build_optimizer, clip_norm, set_learning_rate
-from rotarium.training.resume import check_allowed_keys, check_config, choose_checkpoint
+from rotarium.training.resume import check_allowed_keys, check_config, check_launch, choose_checkpoint
 from rotarium.training.run_folder import (
     ACCELERATE_STATE,
     EVAL,
@@ -106,22 +107,12 @@ class Trainer:
 
     def __init__(self, config: Config, run_dir: str | os.PathLike, *, resume: bool = False,
                  overwrite: bool = False, resume_from: str | None = None, allow_config_change: Iterable[str] = ()):
-        from accelerate import Accelerator
-
         self.config, self.run_dir = config, Path(run_dir)
         t = config.train
         check_trackers(t.report_to)
         if t.num_threads is not None:
             torch.set_num_threads(t.num_threads)
-        precision = t.mixed_precision
-        if precision == "auto":
-            precision = "bf16" if torch.cuda.is_available() and torch.cuda.is_bf16_supported() else "no"
-        # Without an accelerator, cpu=True is what makes accelerate join the processes of a launch with gloo.
-        accelerator = getattr(torch, "accelerator", None)
-        no_device = (accelerator.current_accelerator() is None if accelerator is not None
-                     else not torch.cuda.is_available())
-        self.accelerator = Accelerator(mixed_precision=precision, log_with=t.report_to or None,
-                                       project_dir=str(self.run_dir), cpu=no_device)
+        self.accelerator = make_accelerator(t, self.run_dir)
         self._lock: RunLock | None = None
         self._previous_pending = False  # main process: an --overwrite's old run waits in previous/
         try:
@@ -213,6 +204,7 @@ class Trainer:
             checkpoint = choose_checkpoint(run_dir, resume_from)
             if checkpoint is not None:
                 check_config(checkpoint, self.config, allowed)
+                check_launch(checkpoint, fsdp=self.accelerator.distributed_type == "FSDP")
                 return str(checkpoint), False
             logger.warning("--resume: no complete checkpoint in %s; starting from step 0%s", run_dir,
                            f" ({previous} holds the run an --overwrite set aside)" if previous.exists() else "")

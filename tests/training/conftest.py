@@ -1,7 +1,10 @@
+import functools
 import json
 import os
+import socket
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -69,12 +72,37 @@ sys.exit(main(sys.argv[1:]))
 """
 
 
-def run_child(args: list[str], *, kill_at_step: int = 0, kill_in_save: int = 0, launcher: list[str] | None = None,
+@functools.cache
+def child_script() -> Path:
+    """CHILD as a file, for launchers that take a script (accelerate launch)."""
+    path = Path(tempfile.mkdtemp(prefix="rotarium-child-")) / "child.py"
+    path.write_text(CHILD)
+    return path
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def accelerate_config(name: str) -> str:
+    return str(ROOT / "rotarium" / "configs" / "accelerate" / name)
+
+
+def run_child(args: list[str], *, kill_at_step: int = 0, kill_in_save: int = 0, launch: list[str] | None = None,
               timeout: int = 300) -> subprocess.CompletedProcess:
+    """``launch``: run under ``accelerate launch`` with these arguments (a config file, process counts); each launch
+    gets its own rendezvous port unless the arguments give one, so that tests in parallel do not meet."""
     env = {**os.environ, "KILL_AT_STEP": str(kill_at_step), "KILL_IN_SAVE": str(kill_in_save),
            "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1",
            "PYTHONPATH": str(ROOT)}
-    command = [*(launcher or [sys.executable]), "-c", CHILD, *args] if launcher is None else [*launcher, *args]
+    if launch is None:
+        command = [sys.executable, "-c", CHILD, *args]
+    else:
+        port = [] if "--main_process_port" in launch else ["--main_process_port", str(free_port())]
+        command = [sys.executable, "-m", "accelerate.commands.launch", "--num_cpu_threads_per_process", "1",
+                   *port, *launch, str(child_script()), *args]
     return subprocess.run(command, env=env, capture_output=True, text=True, timeout=timeout, cwd=ROOT,
                           check=False)
 

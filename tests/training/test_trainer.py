@@ -1,14 +1,13 @@
 """End-to-end runs of `rotarium train` in child processes: a short run learns, a SIGKILLed run resumes exactly, a kill
-while saving never leaves a checkpoint that --resume trusts, two processes split the data, --init-from fine-tunes."""
+while saving never leaves a checkpoint that --resume trusts, --init-from fine-tunes."""
 import json
 import math
 import shutil
 import signal
-import sys
 
 from rotarium.training.run_folder import COMPLETE, latest_checkpoint
 
-from .conftest import ROOT, cli_args, losses, ok, run_child
+from .conftest import cli_args, losses, ok, run_child
 
 
 def test_short_run_learns_and_leaves_a_loadable_model(reference):
@@ -72,26 +71,6 @@ def test_kill_while_saving_leaves_no_checkpoint_that_resume_trusts(corpus, refer
     ok(run_child([*args, "--resume"]))
     _compare_tail(run_dir, reference, after_step=4)
     assert not partial.exists() or latest_checkpoint(run_dir).name == "step-8"
-
-
-def test_two_processes_see_different_data_and_save_one_checkpoint(corpus, tmp_path):
-    run_dir = tmp_path / "ddp"
-    launcher = [sys.executable, "-m", "accelerate.commands.launch", "--config_file",
-                str(ROOT / "rotarium/configs/accelerate/ddp_cpu.yaml"), "--num_processes", "2",
-                "--num_cpu_threads_per_process", "1", "-m", "rotarium"]
-    result = run_child(["train", "--output-dir", str(run_dir),
-                        *cli_args(corpus, train__max_steps=4, train__save_every=2, train__eval_every=2)],
-                       launcher=launcher)
-    ok(result)
-    start = json.loads((run_dir / "metrics.jsonl").read_text().splitlines()[0])
-    assert start["world_size"] == 2
-    first, second = start["first_batch_fingerprints"]
-    assert first != second
-    assert [p.name for p in (run_dir / "checkpoints").iterdir()] == ["step-2"]
-    state = run_dir / "checkpoints" / "step-2" / "state"
-    assert sorted(p.name for p in state.glob("random_states_*")) == ["random_states_0.pkl", "random_states_1.pkl"]
-    assert (run_dir / "final" / "model.safetensors").is_file()
-    assert json.loads((run_dir / "training_args.json").read_text())["tokens_per_step"] == 2 * 4 * 32
 
 
 def test_init_from_starts_from_the_given_weights(corpus, reference, tmp_path):

@@ -1,0 +1,68 @@
+"""The trainer's :class:`accelerate.Accelerator`: devices, mixed precision and the process group of a launch.
+
+On a GPU everything is accelerate's own. Without an accelerator two things need a hand:
+
+- ``cpu=True`` is what makes accelerate join the processes of a launch over gloo (a config with
+  ``distributed_type: MULTI_GPU`` starts them with torchrun, which is how rotarium's CPU configs launch).
+- accelerate enables FSDP only for accelerator devices and otherwise drops the launch's FSDP plugin, although
+  PyTorch's FSDP 2 (``fully_shard``) shards, gathers and checkpoints on CPU tensors over gloo. So when a launch asks
+  for FSDP (``ACCELERATE_USE_FSDP``, as ``rotarium/configs/accelerate/fsdp_cpu.yaml`` does) on CPU processes, the
+  plugin is put back: the run then goes through accelerate's FSDP 2 path (``prepare`` wrapping each ``Block``,
+  sharded ``save_state`` / ``load_state``, the gathered ``get_state_dict``) exactly as on GPUs, which is what lets a
+  CPU test stand for a GPU cluster.
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import torch
+
+from rotarium.training.config import TrainSection
+
+
+def has_accelerator() -> bool:
+    accelerator = getattr(torch, "accelerator", None)
+    if accelerator is not None:
+        return accelerator.current_accelerator() is not None
+    return torch.cuda.is_available()
+
+
+def resolve_precision(mixed_precision: str) -> str:
+    """``auto``: bf16 where the GPU supports it, else full precision."""
+    if mixed_precision != "auto":
+        return mixed_precision
+    return "bf16" if torch.cuda.is_available() and torch.cuda.is_bf16_supported() else "no"
+
+
+def fsdp_requested() -> bool:
+    return os.environ.get("ACCELERATE_USE_FSDP", "false").lower() in ("1", "true")
+
+
+def make_accelerator(train: TrainSection, project_dir: str | os.PathLike):
+    """The accelerator of a run from its ``train`` section and the launch's environment (see the module docstring)."""
+    from accelerate import Accelerator
+
+    precision = resolve_precision(train.mixed_precision)
+    on_cpu = not has_accelerator()
+    accelerator = Accelerator(mixed_precision=precision, log_with=train.report_to or None,
+                              project_dir=str(Path(project_dir)), cpu=on_cpu)
+    if on_cpu and fsdp_requested() and accelerator.num_processes > 1:
+        _enable_fsdp_on_cpu(accelerator, precision)
+    return accelerator
+
+
+def _enable_fsdp_on_cpu(accelerator, precision: str) -> None:
+    from accelerate.state import AcceleratorState, PartialState
+    from accelerate.utils import DistributedType, FullyShardedDataParallelPlugin
+
+    plugin = FullyShardedDataParallelPlugin()  # from the launch's FSDP_* environment, as accelerate builds it
+    if plugin.fsdp_version != 2:
+        raise ValueError(f"FSDP on CPU processes needs `fsdp_version: 2` in the accelerate config (it has "
+                         f"{plugin.fsdp_version}); FSDP 1 runs on GPUs only")
+    if precision != "no":
+        plugin.set_mixed_precision(precision)
+    state = AcceleratorState()
+    state.fsdp_plugin = plugin
+    state.distributed_type = DistributedType.FSDP
+    PartialState._shared_state["distributed_type"] = DistributedType.FSDP
