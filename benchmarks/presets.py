@@ -626,6 +626,36 @@ def markdown(records: list[dict], args, header: str) -> str:
     return "\n".join(out)
 
 
+def previous_records(args) -> dict[tuple[str, str, str], dict]:
+    """The rows of an earlier run with the same ``--output`` and scale that have a result (``failed`` rows run
+    again), so that the table can be filled in several sittings; none with ``--redo``."""
+    path = args.output.with_suffix(".json")
+    if args.redo or not path.is_file():
+        return {}
+    saved = json.loads(path.read_text())
+    if saved.get("scale") != asdict(chosen_scale(args)):
+        raise ValueError(f"{path} holds rows at another scale ({'--tiny' if args.tiny else 'full size'} asked); "
+                         "pass --redo to replace them, or another --output")
+    return {(r["part"], r["preset"], r["option"]): r for r in saved["rows"] if r["status"] != "failed"}
+
+
+def ordered(records: dict[tuple[str, str, str], dict]) -> list[dict]:
+    """Parts, presets and options in their canonical order, whatever order the sittings ran them in."""
+    from rotarium.configs.presets import PRESETS
+
+    presets = list(PRESETS)
+    return sorted(records.values(), key=lambda r: (PARTS.index(r["part"]), presets.index(r["preset"]),
+                                                   ENCODINGS.index(r["option"])))
+
+
+def write_output(args, header: str, records: list[dict]) -> None:
+    from rotarium.utils.files import write_json_atomic, write_text_atomic
+
+    write_text_atomic(args.output, markdown(records, args, header))
+    write_json_atomic(args.output.with_suffix(".json"), {"scale": asdict(chosen_scale(args)), "header": header,
+                                                         "rows": records})
+
+
 def parse_list(value: str, allowed: tuple[str, ...], flag: str) -> list[str]:
     items = [v.strip() for v in value.split(",") if v.strip()]
     unknown = [v for v in items if v not in allowed]
@@ -651,6 +681,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--row-timeout", type=float, default=3600.0, help="seconds a row may take")
     parser.add_argument("--output", type=Path, default=None,
                         help="write the tables here as Markdown, and the records beside it as .json")
+    parser.add_argument("--redo", action="store_true",
+                        help="run every row again, even those --output's .json already holds")
     parser.add_argument("--child", choices=("steps", "memory", "numerics"), help=argparse.SUPPRESS)
     parser.add_argument("--preset", help=argparse.SUPPRESS)
     parser.add_argument("--option", help=argparse.SUPPRESS)
@@ -674,6 +706,8 @@ def main(argv: list[str] | None = None) -> int:
             raise ValueError(f"--row-timeout must be a positive number of seconds, got {args.row_timeout}")
         if args.output is not None and args.output.suffix != ".md":
             raise ValueError(f"--output {args.output}: give a .md path (the records go beside it as .json)")
+        if args.output is not None:
+            previous_records(args)  # a file at another scale is refused before any row runs
     except ValueError as error:
         print(f"presets.py: error: {error}", file=sys.stderr)
         return 2
@@ -693,23 +727,27 @@ def main(argv: list[str] | None = None) -> int:
               f"{'yes' if native_bf16() else 'no'}; torch {torch.__version__}. Peak RSS is the row's whole process "
               "(interpreter and libraries included); GB = 1e9 bytes.")
     print(header)
-    records = []
-    bar = tqdm(rows, desc="presets", unit="row")
+    done = previous_records(args) if args.output is not None else {}
+    todo = [row for row in rows if (row.part, row.preset, row.option) not in done]
+    if len(todo) < len(rows):
+        print(f"{len(rows) - len(todo)} of {len(rows)} rows are already in {args.output.with_suffix('.json')}; "
+              f"running the other {len(todo)} (--redo runs them all)")
+    records = dict(done)
+    bar = tqdm(todo, desc="presets", unit="row")
     for row in bar:
         bar.set_postfix_str(row.name)
         record = run_child(row, args)
-        records.append(record)
+        records[row.part, row.preset, row.option] = record
         tqdm.write(f"[{row.part}] {LINES[row.part](record)}  ({record['wall_s']:.0f} s)")
+        if args.output is not None:  # after every row, so that a stopped table keeps what it finished
+            write_output(args, header, ordered(records))
     bar.close()
-    text = markdown(records, args, header)
+    text = markdown(ordered(records), args, header)
     print("\n" + text)
     if args.output is not None:
-        from rotarium.utils.files import write_json_atomic, write_text_atomic
-
-        write_text_atomic(args.output, text)
-        write_json_atomic(args.output.with_suffix(".json"), {"scale": asdict(chosen_scale(args)),
-                                                             "header": header, "rows": records})
+        write_output(args, header, ordered(records))
         print(f"wrote {args.output} and {args.output.with_suffix('.json')}")
+    records = [records[row.part, row.preset, row.option] for row in rows]
     return 0 if all(r["status"] == "ok" for r in records) else 1
 
 

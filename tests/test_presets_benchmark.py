@@ -123,3 +123,16 @@ def test_a_row_runs_in_a_child_process(tmp_path):
     assert (record["part"], record["status"], record["mode"]) == ("steps", "ok", "step")
     assert record["peak_rss_gb"] > 0 and math.isfinite(record["loss"])
     assert "| transformer-1.3b | rove | step | float32 |" in output.read_text()
+    # the same --output again: the finished row is kept, not rerun; another row joins the same table
+    again = subprocess.run([sys.executable, str(SCRIPT), "--tiny", "--presets", "transformer-1.3b",
+                            "--options", "rove,nope", "--parts", "steps", "--output", str(output)],
+                           check=False, capture_output=True, text=True, cwd=ROOT, timeout=300)
+    assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
+    assert "1 of 2 rows are already in" in again.stdout
+    rows = json.loads(output.with_suffix(".json").read_text())["rows"]
+    assert [r["option"] for r in rows] == ["nope", "rove"] and rows[1] == record
+    # a table of another scale is not mixed in
+    other = subprocess.run([sys.executable, str(SCRIPT), "--presets", "transformer-1.3b", "--parts", "steps",
+                            "--output", str(output)], check=False, capture_output=True, text=True, cwd=ROOT,
+                           timeout=300)
+    assert other.returncode == 2 and "another scale" in other.stderr
