@@ -56,7 +56,8 @@ class Checkpoint:
     family: str
     tokenizer_files: list[Path] = field(default_factory=list)
     training_args: dict[str, Any] | None = None
-    last_metrics: dict[str, Any] | None = None
+    last_metrics: dict[str, Any] | None = None  # the last record with a training loss
+    last_validation: dict[str, Any] | None = None  # the last record with a validation loss
     eval_tables: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
     eval_plots: list[Path] = field(default_factory=list)
 
@@ -171,7 +172,9 @@ def read_checkpoint(path: str | Path) -> Checkpoint:
         checkpoint.training_args = args if isinstance(args, dict) else None
     if (metrics_path := _find(path, METRICS)) is not None:
         records = [r for r in read_jsonl(metrics_path) if isinstance(r, dict)]
-        checkpoint.last_metrics = records[-1] if records else None
+        # the run's last records are its final validation, then (with a trailing evaluation) other events
+        checkpoint.last_metrics = next((r for r in reversed(records) if "loss" in r), None)
+        checkpoint.last_validation = next((r for r in reversed(records) if "val_loss" in r), None)
     eval_dir = _find(path, EVAL_DIR)
     if eval_dir is not None and eval_dir.is_dir():
         for entry in sorted(eval_dir.iterdir()):

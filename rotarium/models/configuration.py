@@ -144,6 +144,10 @@ class RotariumConfig(PretrainedConfig):
         selective_rope_decay: bool | None = POSITIONAL_DEFAULTS.selective_rope_decay,
         **kwargs,
     ):
+        if not hasattr(type(self), "family"):
+            raise TypeError("RotariumConfig is the families' common base; build a family's config ("
+                            f"{', '.join(config.__name__ for config in CONFIGS.values())}) or "
+                            "RotariumConfig.from_preset(name)")
         self.vocab_size = vocab_size
         self.hidden_size = hidden_size
         self.num_hidden_layers = num_hidden_layers

@@ -47,8 +47,10 @@ def write_run_outputs(run: Path) -> None:
     (run / "training_args.json").write_text(json.dumps(
         {"dataset": "HuggingFaceFW/fineweb-edu", "max_tokens": 2_000_000, "learning_rate": 3e-3, "seq_len": 64,
          "optimizer": {"name": "adamw"}}))
-    (run / "metrics.jsonl").write_text("\n".join(json.dumps({"step": s, "tokens": s * 1000, "loss": 4.0 - s / 100})
-                                                 for s in (10, 20, 30)) + "\n")
+    # as `rotarium train` writes them: training records, and a validation record after the last one
+    records = [{"step": s, "tokens": s * 1000, "loss": 4.0 - s / 100} for s in (10, 20, 30)]
+    records.append({"step": 30, "val_loss": 4.5, "val_perplexity": 90.0})
+    (run / "metrics.jsonl").write_text("\n".join(json.dumps(r) for r in records) + "\n")
     (run / "eval").mkdir(parents=True, exist_ok=True)
     (run / "eval" / "perplexity.json").write_text(json.dumps(
         {"context_length": [64, 128, 256], "perplexity": [31.25, 30.5, 45.125]}))

@@ -87,3 +87,10 @@ def test_the_cache_reports_its_batch_size_like_transformers():
     assert cache.batch_size == 2
     cache.reset()
     assert cache.batch_size == -1
+
+
+def test_the_common_config_base_names_the_family_configs():
+    from rotarium.models import RotariumConfig
+
+    with pytest.raises(TypeError, match="GLAConfig.*from_preset"):
+        RotariumConfig(hidden_size=32)
