@@ -7,7 +7,6 @@ plot are written from the CSV's rows of this sweep's settings.
 """
 from __future__ import annotations
 
-import csv
 import json
 import os
 import statistics
@@ -19,7 +18,7 @@ from typing import Any
 
 from rotarium.synthetic.runner import FAMILIES, POSITIONS, RunResult, RunSettings, train_and_evaluate
 from rotarium.synthetic.tasks import TASKS
-from rotarium.utils.files import write_csv_atomic, write_text_atomic
+from rotarium.utils.files import read_csv_rows, write_csv_atomic, write_text_atomic
 
 SEEDS = (0, 1, 2)
 CSV_FIELDS = ("task", "family", "position", "eval_length", "accuracy", "sequence_accuracy", "train_length",
@@ -53,16 +52,12 @@ def result_rows(result: RunResult) -> list[dict[str, Any]]:
 
 
 def read_rows(path: str | os.PathLike) -> list[dict[str, Any]]:
-    if not Path(path).is_file():
-        return []
-    with open(path, newline="") as f:
-        rows = list(csv.DictReader(f))
+    rows = read_csv_rows(path, ints=("eval_length", "train_length", "steps", "num_layers", "hidden_size",
+                                     "num_heads", "seed"),
+                         floats=("accuracy", "sequence_accuracy", "train_loss", "train_seconds", "lr"),
+                         optional_floats=("eval_seconds",))
     for row in rows:
-        for key in ("eval_length", "train_length", "steps", "num_layers", "hidden_size", "num_heads", "seed"):
-            row[key] = int(row[key])
-        for key in ("accuracy", "sequence_accuracy", "train_loss", "train_seconds", "lr"):
-            row[key] = float(row[key])
-        row["eval_seconds"] = float(row.get("eval_seconds") or 0.0)  # absent in tables written before it existed
+        row["eval_seconds"] = row["eval_seconds"] or 0.0  # absent in tables written before it existed
     return rows
 
 

@@ -11,7 +11,6 @@ last checkpoint. ``extrapolation.md`` (median and min-max over seeds, the claims
 from __future__ import annotations
 
 import argparse
-import csv
 import itertools
 import json
 import os
@@ -27,7 +26,7 @@ from typing import Any
 from rotarium.synthetic.runner import FAMILIES, POSITIONS
 from rotarium.synthetic.sweep import verdict
 from rotarium.utils.argtypes import int_list
-from rotarium.utils.files import write_csv_atomic, write_text_atomic
+from rotarium.utils.files import read_csv_rows, write_csv_atomic, write_text_atomic
 
 # Debian's python3-doc package (`apt-get install python3-doc`): Python's full documentation as reStructuredText,
 # about 24 times the embedded corpus.
@@ -76,18 +75,9 @@ def settings_key(config) -> str:
 
 
 def read_rows(path: Path) -> list[dict[str, Any]]:
-    if not path.is_file():
-        return []
-    with open(path, newline="") as f:
-        rows = list(csv.DictReader(f))
-    for r in rows:
-        for key in ("seed", "context_length", "windows", "train_length", "steps", "num_layers", "hidden_size"):
-            r[key] = int(r[key])
-        for key in ("loss", "perplexity"):
-            r[key] = float(r[key]) if r[key] not in ("", "None") else None
-        for key in ("train_seconds", "eval_seconds", "lr"):
-            r[key] = float(r[key])
-    return rows
+    return read_csv_rows(path, ints=("seed", "context_length", "windows", "train_length", "steps", "num_layers",
+                                     "hidden_size"),
+                         floats=("train_seconds", "eval_seconds", "lr"), optional_floats=("loss", "perplexity"))
 
 
 def shared_tokenizer(overrides: dict[str, Any], folder: Path) -> Path:

@@ -45,6 +45,26 @@ def write_csv_atomic(path: str | os.PathLike, rows: list[dict], fieldnames: Sequ
     write_text_atomic(path, text.getvalue())
 
 
+def read_csv_rows(path: str | os.PathLike, *, ints: Sequence[str] = (), floats: Sequence[str] = (),
+                  optional_floats: Sequence[str] = ()) -> list[dict[str, Any]]:
+    """The rows of a CSV written by :func:`write_csv_atomic` (none when the file does not exist), with the columns
+    ``ints`` and ``floats`` converted, and ``optional_floats`` too where not empty (else ``None``; a column absent
+    from an older file reads as empty)."""
+    if not Path(path).is_file():
+        return []
+    with open(path, newline="") as f:
+        rows = list(csv.DictReader(f))
+    for row in rows:
+        for key in ints:
+            row[key] = int(row[key])
+        for key in floats:
+            row[key] = float(row[key])
+        for key in optional_floats:
+            value = row.get(key)
+            row[key] = float(value) if value not in (None, "", "None") else None
+    return rows
+
+
 def write_json_atomic(path: str | os.PathLike, data: Any) -> None:
     """``data`` as indented JSON ending with a newline, written with :func:`write_text_atomic`."""
     write_text_atomic(path, json.dumps(data, indent=2) + "\n")
