@@ -168,9 +168,9 @@ _REFERENCE_SELECTIVE_ROPE = {"selective_rope_rank": 32, "selective_rope_conv_siz
 
 TASKS: dict[str, TaskSpec] = {
     "mqar": TaskSpec(
-        "mqar", "multi-query associative recall: the value of every queried key", vocab_size=64,
-        train_length=64, eval_lengths=[64], num_pairs=8, hidden_size=96, num_heads=4, steps=800,
-        batch_size=20, lr=2e-3,
+        "mqar", "multi-query associative recall: the value of every queried key", vocab_size=32,
+        train_length=32, eval_lengths=[32, 64, 128], num_pairs=4, hidden_size=64, num_heads=4, steps=1500,
+        batch_size=32, lr=3e-3,
         paper=PaperSetting(
             sources=("configs/mad/mad.yaml", "configs/mad/model/gla.yaml", "configs/mad/trainer/trainer.yaml",
                      "configs/mad/model/position_embedding/selective_rope.yaml",
