@@ -24,7 +24,7 @@ import torch
 from common import keep_freed_memory, paired_ratio, time_rounds, verdict  # beside this script, first on sys.path
 
 from rotarium.configs.presets import preset_config
-from rotarium.models import FAMILY_MODELS
+from rotarium.models import FAMILY_MODELS, set_activation_checkpointing
 
 CONTENDERS = ("chunked", "full logits")
 
@@ -69,7 +69,7 @@ def make_step(args: argparse.Namespace):
 
         return step
     model = FAMILY_MODELS[config.family].lm(config).train()
-    model.gradient_checkpointing_enable()
+    set_activation_checkpointing(model)
 
     def step():
         loss = model(input_ids=ids, labels=ids, return_logits=return_logits).loss

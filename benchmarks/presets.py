@@ -178,6 +178,7 @@ def step_row(preset: str, option: str, scale: Scale, dtype: str, mode: str) -> d
     import torch
 
     from rotarium.configs.param_table import parameter_count
+    from rotarium.models import set_activation_checkpointing
     from rotarium.training.config import OptimSection
     from rotarium.training.optim import build_optimizer
 
@@ -191,7 +192,7 @@ def step_row(preset: str, option: str, scale: Scale, dtype: str, mode: str) -> d
         return {**result, "status": "not run", "reason": why}
     start = time.perf_counter()
     model = build_model(config, getattr(torch, dtype))
-    model.gradient_checkpointing_enable()
+    set_activation_checkpointing(model)
     model.train()
     result["build_s"] = time.perf_counter() - start
     ids = torch.randint(0, config.vocab_size, (1, scale.seq_len), generator=torch.Generator().manual_seed(0))
@@ -233,6 +234,8 @@ def saved_activation_bytes(model, input_ids, checkpointing: bool) -> tuple[int, 
     while it is recomputed in a checkpointed backward."""
     import torch
 
+    from rotarium.models import set_activation_checkpointing
+
     parameters = {p.untyped_storage().data_ptr() for p in model.parameters()}
     saved: dict[int, int] = {}
     blocks: list[dict[int, int]] = []
@@ -263,10 +266,7 @@ def saved_activation_bytes(model, input_ids, checkpointing: bool) -> tuple[int, 
     layers = model.model.layers
     handles = [h for layer in layers for h in (layer.register_forward_pre_hook(enter),
                                                layer.register_forward_hook(leave))]
-    if checkpointing:
-        model.gradient_checkpointing_enable()
-    else:
-        model.gradient_checkpointing_disable()
+    set_activation_checkpointing(model, enabled=checkpointing)
     model.train()
     try:
         with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):

@@ -24,6 +24,7 @@ from rotarium.models.modeling import (
     RotariumPreTrainedModel,
     TransformerForCausalLM,
     TransformerModel,
+    set_activation_checkpointing,
 )
 
 
@@ -43,5 +44,5 @@ __all__ = [
     "CONFIGS", "FAMILY_MODELS", "DeltaNetConfig", "DeltaNetForCausalLM", "DeltaNetModel", "FamilyClasses", "FoXConfig",
     "FoXForCausalLM", "FoXModel", "GLAConfig", "GLAForCausalLM", "GLAModel", "RotariumCache", "RotariumConfig",
     "RotariumForCausalLM", "RotariumModel", "RotariumPreTrainedModel", "TransformerConfig", "TransformerForCausalLM",
-    "TransformerModel", "register_auto_classes",
+    "TransformerModel", "register_auto_classes", "set_activation_checkpointing",
 ]

@@ -193,6 +193,15 @@ class RotariumModel(RotariumPreTrainedModel):
                              f"(ids 0 to {vocab - 1})")
 
 
+def set_activation_checkpointing(model: PreTrainedModel, enabled: bool = True) -> None:
+    """Whether every block is recomputed in the backward instead of keeping its activations, through whichever of
+    transformers' two names the installed version has (``gradient_checkpointing_*`` is deprecated where
+    ``activation_checkpointing_*`` exists)."""
+    action = "enable" if enabled else "disable"
+    switch = getattr(model, f"activation_checkpointing_{action}", None)
+    (switch or getattr(model, f"gradient_checkpointing_{action}"))()
+
+
 def cache_settings(config: RotariumConfig) -> dict:
     """What a model's decoding states depend on: its family, depth and the mixers' options (the positional
     options among them). A :class:`RotariumCache` records them, to be refused by a model with others."""

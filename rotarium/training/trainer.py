@@ -29,6 +29,7 @@ import torch
 
 from rotarium.data.batches import StreamingSchedule
 from rotarium.data.documents import iter_documents, split_documents
+from rotarium.models import set_activation_checkpointing
 from rotarium.training.accelerator import make_accelerator
 from rotarium.training.build import accumulation_steps, build_model, prepare_data, prepare_tokenizer
 from rotarium.training.config import Config, flatten
@@ -157,7 +158,7 @@ class Trainer:
         model = build_model(config, self.tokenizer)
         self.guard = LossGuard(t.spike_factor, t.spike_window, model.config.vocab_size, self.state)
         if config.model.gradient_checkpointing:
-            model.gradient_checkpointing_enable()
+            set_activation_checkpointing(model)
         model.config.use_cache = False
         self.model, self.optimizer = acc.prepare(model, build_optimizer(model, config.optim))
         if self.resume_from is not None:

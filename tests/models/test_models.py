@@ -7,7 +7,7 @@ import torch
 from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, PretrainedConfig
 
 import rotarium
-from rotarium.models import CONFIGS, RotariumCache
+from rotarium.models import CONFIGS, RotariumCache, set_activation_checkpointing
 from tests.models.helpers import COMBINATIONS, VOCAB, tiny_config, tiny_model
 
 
@@ -256,7 +256,7 @@ def test_gradient_checkpointing_gives_the_same_gradients():
     model(ids, labels=ids).loss.backward()
     plain = {n: p.grad.clone() for n, p in model.named_parameters()}
     model.zero_grad()
-    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    set_activation_checkpointing(model)
     model(ids, labels=ids).loss.backward()
     for n, p in model.named_parameters():
         assert torch.allclose(p.grad, plain[n], atol=1e-6), n
