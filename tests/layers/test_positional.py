@@ -39,23 +39,27 @@ def adjacent_rotation_matrix(angles: torch.Tensor) -> torch.Tensor:
     return torch.block_diag(*blocks)
 
 
-def test_rove_equals_the_explicit_attentive_convolution():
-    """y_i = sum_j A_ij R_{j-i} W_V x_j, with A the softmax attention of the RoPE-rotated q and k."""
-    mixer = make_mixer("transformer", "rove", num_kv_heads=4).double()
+@pytest.mark.parametrize("family", ["transformer", "fox"])
+def test_rove_equals_the_explicit_attentive_convolution(family):
+    """y_i = sum_j A_ij R_{j-i} W_V x_j, with A the softmax attention of the RoPE-rotated q and k (for FoX, with the
+    forget gate's c_i - c_j added to the logits, c the running sum of the log forget gates)."""
+    overrides = {"num_kv_heads": 4} if family == "transformer" else {"qk_norm": False, "output_gate": False}
+    mixer = make_mixer(family, "rove", **overrides).double()
     x = torch.randn(1, T, HIDDEN, dtype=torch.float64)
     out, _ = run(mixer, x)
     H, D = mixer.num_heads, mixer.head_dim
     q = mixer.q_proj(x).view(T, H, D)
     k = mixer.k_proj(x).view(T, H, D)
     v = mixer.v_proj(x).view(T, H, D)
+    c = F.logsigmoid(mixer.fgate_proj(x)[0]).cumsum(0) if family == "fox" else torch.zeros(T, H, dtype=torch.float64)
     base = mixer.positional.settings.rope_theta
     qk_freq = base ** (-torch.arange(0, D, 2, dtype=torch.float64) / D)
     v_freq = qk_freq  # the value head size equals the key head size here
     rot = [rotation_matrix(t * qk_freq) for t in range(T)]
     y = torch.zeros(T, H, D, dtype=torch.float64)
     for h in range(H):
-        logits = torch.stack([torch.stack([(rot[i] @ q[i, h]) @ (rot[j] @ k[j, h]) for j in range(T)])
-                              for i in range(T)]) * D ** -0.5
+        logits = torch.stack([torch.stack([(rot[i] @ q[i, h]) @ (rot[j] @ k[j, h]) * D ** -0.5 + c[i, h] - c[j, h]
+                                           for j in range(T)]) for i in range(T)])
         A = logits.masked_fill(torch.ones(T, T, dtype=torch.bool).triu(1), float("-inf")).softmax(-1)
         for i in range(T):
             y[i, h] = sum(A[i, j] * (adjacent_rotation_matrix((j - i) * v_freq) @ v[j, h]) for j in range(i + 1))
