@@ -18,13 +18,21 @@ from typing import Any, TypeVar
 T = TypeVar("T")
 
 
+def _umask() -> int:
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
 def write_text_atomic(path: str | os.PathLike, text: str) -> None:
     """Writes ``text`` (as given, no newline translation) to ``path`` through a synced temporary file in the same
-    folder, then renames it over ``path``; on failure the temporary file is removed and ``path`` is untouched."""
+    folder, then renames it over ``path``; on failure the temporary file is removed and ``path`` is untouched. The
+    file gets the permissions a plain ``open`` would give it (the temporary file is private until renamed)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
+        os.fchmod(fd, 0o666 & ~_umask())
         with os.fdopen(fd, "w", encoding="utf-8", newline="") as f:
             f.write(text)
             f.flush()
@@ -138,11 +146,12 @@ def replace_folder(finished: str | os.PathLike, target: str | os.PathLike) -> No
 def write_folder_atomic(target: str | os.PathLike, write: Callable[[Path], T]) -> T:
     """Calls ``write(folder)`` on a new hidden ``.<name>.tmp-*`` sibling of ``target``, syncs it and puts it in
     place with :func:`replace_folder`; returns what ``write`` returns. If anything fails the temporary folder is
-    removed and ``target`` is untouched."""
+    removed and ``target`` is untouched. The folder gets the permissions ``mkdir`` would give it."""
     target = Path(target)
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{target.name}.tmp-"))
     try:
+        os.chmod(tmp, 0o777 & ~_umask())
         result = write(tmp)
         fsync_tree(tmp)
         replace_folder(tmp, target)

@@ -78,3 +78,18 @@ def test_jsonl_skips_a_cut_line(tmp_path):
     assert read_jsonl(path) == []
     path.write_text('{"step": 1}\n{"step": 2}\n{"ste')
     assert read_jsonl(path) == [{"step": 1}, {"step": 2}]
+
+
+def test_atomic_writes_get_the_permissions_of_plain_ones(tmp_path):
+    """The temporary file and folder are private while written; what is put in place is not (shared run folders)."""
+    previous = os.umask(0o022)
+    try:
+        write_text_atomic(tmp_path / "a.txt", "x")
+        write_folder_atomic(tmp_path / "out", lambda folder: (folder / "w.json").write_text("{}"))
+        plain_file, plain_dir = tmp_path / "plain.txt", tmp_path / "plain"
+        plain_file.write_text("x")
+        plain_dir.mkdir()
+    finally:
+        os.umask(previous)
+    assert (tmp_path / "a.txt").stat().st_mode & 0o777 == plain_file.stat().st_mode & 0o777 == 0o644
+    assert (tmp_path / "out").stat().st_mode & 0o777 == plain_dir.stat().st_mode & 0o777 == 0o755
