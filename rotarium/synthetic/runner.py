@@ -149,6 +149,12 @@ def _loss(model: torch.nn.Module, inputs: torch.Tensor, targets: torch.Tensor) -
     return F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(), ignore_index=IGNORE), logits
 
 
+def training_loss(model: torch.nn.Module, settings: RunSettings, generator: torch.Generator) -> torch.Tensor:
+    """The loss on one fresh training batch: ``settings.batch_size`` sequences at the training length."""
+    loss, _ = _loss(model, *_batch(settings, settings.train_length, generator, train=True))
+    return loss
+
+
 @torch.no_grad()
 def evaluate(model: torch.nn.Module, settings: RunSettings, length: int) -> dict[str, float]:
     """Accuracy on ``eval_batches`` batches at ``length`` from a seed no training batch uses."""
@@ -184,7 +190,7 @@ def train_and_evaluate(settings: RunSettings, progress: bool = True) -> RunResul
                dynamic_ncols=True)
     for step in bar:
         set_learning_rate(optimizer, optim, step, s.steps)
-        loss, _ = _loss(model, *_batch(s, s.train_length, generator, train=True))
+        loss = training_loss(model, s, generator)
         if not math.isfinite(float(loss.detach())):
             optimizer.zero_grad(set_to_none=True)  # a diverging small model: skip, as the training job does
             continue
