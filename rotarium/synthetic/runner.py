@@ -155,6 +155,29 @@ def training_loss(model: torch.nn.Module, settings: RunSettings, generator: torc
     return loss
 
 
+def seconds_per_step(settings: RunSettings, steps: int = 6, warmup: int = 2) -> float:
+    """A training step's wall time for ``settings`` on one thread, timed over ``steps`` steps after ``warmup``
+    (with the optimizer; evaluation not included): what a sweep plans its time with."""
+    s = settings.resolved()
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        torch.manual_seed(s.seed)
+        model = build_model(s).to(s.device)
+        optimizer = build_optimizer(model, OptimSection(lr=s.lr, warmup_steps=1, **s.optim_options))
+        generator = torch.Generator().manual_seed(s.seed)
+        for step in range(warmup + steps):
+            if step == warmup:
+                start = time.perf_counter()
+            training_loss(model, s, generator).backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+        return (time.perf_counter() - start) / steps
+    finally:
+        torch.set_num_threads(threads)
+
+
 @torch.no_grad()
 def evaluate(model: torch.nn.Module, settings: RunSettings, length: int) -> dict[str, float]:
     """Accuracy on ``eval_batches`` batches at ``length`` from a seed no training batch uses."""

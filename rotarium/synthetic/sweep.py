@@ -16,7 +16,14 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from rotarium.synthetic.runner import FAMILIES, POSITIONS, RunResult, RunSettings, train_and_evaluate
+from rotarium.synthetic.runner import (
+    FAMILIES,
+    POSITIONS,
+    RunResult,
+    RunSettings,
+    seconds_per_step,
+    train_and_evaluate,
+)
 from rotarium.synthetic.tasks import TASKS
 from rotarium.utils.files import read_csv_rows, write_csv_atomic, write_text_atomic
 
@@ -108,17 +115,22 @@ def is_done(rows: list[dict[str, Any]], settings: RunSettings, unit: Unit) -> bo
 
 
 # ----------------------------------------------------------------------------------------------------- budget
-# Seconds of one training step per (sequence x token x (layer + 1/4)) at width 64, growing as width^1.3, measured
-# (CPU time, one thread) on a 2-core x86 VM; evaluation adds about a tenth. An estimate to plan by.
-_SECONDS_PER_TOKEN_LAYER = {"gla": 3.2e-5, "fox": 2.8e-5, "deltanet": 4.1e-5, "transformer": 3.0e-5}
+# A whole run over its steps at the probe's pace: evaluation, and what a long run in a worker process adds to a
+# short probe (start-up, the loop's bookkeeping, caches shared with the other worker).
+RUN_OVER_PROBE = 1.3
 
 
-def expected_seconds(settings: RunSettings) -> float:
-    """A run's expected time (training and evaluation) on one uncontended CPU thread."""
-    s = settings
-    tokens = s.batch_size * TASKS[s.task].tokens_per_sequence(s.train_length, s.num_pairs)
-    per_step = _SECONDS_PER_TOKEN_LAYER[s.family] * tokens * (s.num_layers + 0.25) * (s.hidden_size / 64) ** 1.3
-    return 1.1 * s.steps * per_step
+def expected_seconds(planned: list[RunSettings]) -> float:
+    """The runs' expected time on one thread each, from a few timed training steps of each family x option (the
+    same for every seed and learning rate)."""
+    per_step: dict[str, float] = {}
+    total = 0.0
+    for s in planned:
+        key = json.dumps([s.family, s.position, s.model_options, _shared(s)], sort_keys=True)
+        if key not in per_step:
+            per_step[key] = seconds_per_step(s)
+        total += RUN_OVER_PROBE * s.steps * per_step[key]
+    return total
 
 
 def _worker_init() -> None:
@@ -156,9 +168,10 @@ def run_units(planned: list[tuple[Unit, RunSettings]], csv_path: Path, *, rerun:
     if rerun:
         rows = [r for r in rows if not any(_is_unit(r, u, _shared(s)) for u, s in todo)]
         write_csv_atomic(csv_path, rows, CSV_FIELDS)  # a sweep killed half-way keeps every finished unit
-    expected = sum(expected_seconds(s) for _, s in todo) / max(1, min(jobs, len(todo)))
+    expected = expected_seconds([s for _, s in todo]) / max(1, min(jobs, len(todo)))
     log(f"{len(planned) - len(todo)} of {len(planned)} runs already done; {len(todo)} to run with {jobs} "
-        f"process(es), expected about {expected / 60:.0f} min on an uncontended 2-core x86 CPU")
+        f"process(es), expected about {expected / 60:.0f} min on this machine (timed from a few steps of each "
+        "family x option; longer if other work shares its cores)")
 
     def record(unit: Unit, result: RunResult) -> None:
         nonlocal rows
