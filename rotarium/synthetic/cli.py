@@ -12,7 +12,7 @@ import yaml
 from rotarium.utils.argtypes import int_list
 
 EPILOG = """\
-tasks (CPU defaults in brackets; each sweep of 4 families x 4 options x 3 seeds fits an hour on 2 cores):
+tasks (CPU defaults in brackets; a sweep of 4 families x 4 options x 3 seeds prints its expected time first):
   mqar     multi-query associative recall [trained at length 32 with 4 pairs, vocabulary 32, evaluated at 32, 64
            and 128; width 64, 4 heads, 1500 steps of 32; paper: 512, 64 pairs, 8192]
   copying  copy a string of 26 letters [trained on lengths 2-24, evaluated at 24, 48, 96, 192; width 96, 4 heads,

@@ -126,9 +126,10 @@ class PaperSetting:
 class TaskSpec:
     """A task with its defaults: what a CPU run in minutes uses, and the reference's setting in ``paper``.
 
-    The defaults are sized so that a sweep (4 families x 4 options x 3 seeds, times ``sweep_lrs``) fits an hour on
-    two CPU cores, at a width where the families can learn the task in distribution, so that the table compares
-    positional options rather than models too small for the task (docs/results.md says which do).
+    The defaults aim at a sweep (4 families x 4 options x 3 seeds, times ``sweep_lrs``) of about an hour on two CPU
+    cores (a sweep prints its timed estimate; docs/results.md has each table's), at a width where the families can
+    learn the task in distribution, so that the table compares positional options rather than models too small for
+    the task (docs/results.md says which do).
     """
 
     name: str
