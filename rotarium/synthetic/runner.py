@@ -149,30 +149,36 @@ def _loss(model: torch.nn.Module, inputs: torch.Tensor, targets: torch.Tensor) -
     return F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(), ignore_index=IGNORE), logits
 
 
-def training_loss(model: torch.nn.Module, settings: RunSettings, generator: torch.Generator) -> torch.Tensor:
-    """The loss on one fresh training batch: ``settings.batch_size`` sequences at the training length."""
+def training_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, settings: RunSettings,
+                  generator: torch.Generator, max_norm: float) -> float:
+    """One step on a fresh training batch (``settings.batch_size`` sequences at the training length); returns its
+    loss. A non-finite loss skips the update, as the training job does for a diverging model."""
     loss, _ = _loss(model, *_batch(settings, settings.train_length, generator, train=True))
-    return loss
+    value = float(loss.detach())
+    if math.isfinite(value):
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+        optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    return value
 
 
 def seconds_per_step(settings: RunSettings, steps: int = 6, warmup: int = 2) -> float:
     """A training step's wall time for ``settings`` on one thread, timed over ``steps`` steps after ``warmup``
-    (with the optimizer; evaluation not included): what a sweep plans its time with."""
+    (evaluation not included): what a sweep plans its time with."""
     s = settings.resolved()
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
         torch.manual_seed(s.seed)
         model = build_model(s).to(s.device)
-        optimizer = build_optimizer(model, OptimSection(lr=s.lr, warmup_steps=1, **s.optim_options))
+        optim = OptimSection(lr=s.lr, warmup_steps=1, **s.optim_options)
+        optimizer = build_optimizer(model, optim)
         generator = torch.Generator().manual_seed(s.seed)
         for step in range(warmup + steps):
             if step == warmup:
                 start = time.perf_counter()
-            training_loss(model, s, generator).backward()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-            optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
+            training_step(model, optimizer, s, generator, clip_norm(optim))
         return (time.perf_counter() - start) / steps
     finally:
         torch.set_num_threads(threads)
@@ -197,8 +203,8 @@ def evaluate(model: torch.nn.Module, settings: RunSettings, length: int) -> dict
     return {"length": length, "accuracy": right / max(scored, 1), "sequence_accuracy": full / max(rows, 1)}
 
 
-def train_and_evaluate(settings: RunSettings, progress: bool = True) -> RunResult:
-    """Trains a fresh model on ``settings.task`` and evaluates it at every evaluation length."""
+def train_model(settings: RunSettings, progress: bool = False) -> tuple[torch.nn.Module, float, float]:
+    """A fresh model trained on ``settings.task``: ``(model, mean loss of the last 50 steps, seconds)``."""
     from tqdm.auto import tqdm
 
     s = settings.resolved()
@@ -213,18 +219,20 @@ def train_and_evaluate(settings: RunSettings, progress: bool = True) -> RunResul
                dynamic_ncols=True)
     for step in bar:
         set_learning_rate(optimizer, optim, step, s.steps)
-        loss = training_loss(model, s, generator)
-        if not math.isfinite(float(loss.detach())):
-            optimizer.zero_grad(set_to_none=True)  # a diverging small model: skip, as the training job does
+        loss = training_step(model, optimizer, s, generator, clip_norm(optim))
+        if not math.isfinite(loss):
             continue
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), clip_norm(optim))
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        recent = (recent + [float(loss.detach())])[-50:]
+        recent = (recent + [loss])[-50:]
         if step % 25 == 0:
             bar.set_postfix(loss=f"{sum(recent) / len(recent):.3f}")
-    seconds = time.perf_counter() - start
+    return model, sum(recent) / max(len(recent), 1), time.perf_counter() - start
+
+
+def train_and_evaluate(settings: RunSettings, progress: bool = True) -> RunResult:
+    """Trains a fresh model on ``settings.task`` and evaluates it at every evaluation length."""
+    s = settings.resolved()
+    model, train_loss, seconds = train_model(s, progress)
+    start = time.perf_counter()
     evaluations = [evaluate(model, s, length) for length in s.eval_lengths]
-    return RunResult(s, sum(recent) / max(len(recent), 1), seconds, sum(p.numel() for p in model.parameters()),
-                     evaluations, time.perf_counter() - start - seconds)
+    return RunResult(s, train_loss, seconds, sum(p.numel() for p in model.parameters()), evaluations,
+                     time.perf_counter() - start)

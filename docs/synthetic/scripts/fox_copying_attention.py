@@ -17,27 +17,10 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from rotarium.synthetic.runner import RunSettings, build_model, training_loss
+from rotarium.synthetic.runner import RunSettings, train_model
 from rotarium.synthetic.tasks import IGNORE, copying_batch
-from rotarium.training.config import OptimSection
-from rotarium.training.optim import build_optimizer, clip_norm, set_learning_rate
 
 LENGTHS = (24, 48, 96)
-
-
-def train(settings: RunSettings) -> torch.nn.Module:
-    torch.manual_seed(settings.seed)
-    model = build_model(settings)
-    optim = OptimSection(lr=settings.lr, warmup_steps=max(1, settings.steps // 10))
-    optimizer = build_optimizer(model, optim)
-    generator = torch.Generator().manual_seed(settings.seed)
-    for step in range(settings.steps):
-        set_learning_rate(optimizer, optim, step, settings.steps)
-        training_loss(model, settings, generator).backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), clip_norm(optim))
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-    return model.eval()
 
 
 def mixer_inputs(model: torch.nn.Module, inputs: torch.Tensor) -> tuple[list[torch.Tensor], torch.Tensor]:
@@ -87,7 +70,7 @@ def source_attention(mixer, hidden: torch.Tensor, n: int) -> tuple[torch.Tensor,
 def main() -> None:
     torch.set_num_threads(1)
     settings = RunSettings(task="copying", family="fox", position="nope", seed=0).resolved()
-    model = train(settings)
+    model = train_model(settings)[0].eval()
     print(f"FoX + NoPE, copying, seed 0: {settings.num_layers} layers, width {settings.hidden_size}, "
           f"{settings.num_heads} heads, {settings.steps} steps of {settings.batch_size}, lr {settings.lr}, "
           f"strings of 2-{settings.train_length}")
