@@ -32,17 +32,16 @@ from rotarium.utils.files import read_csv_rows, write_csv_atomic, write_text_ato
 # about 24 times the embedded corpus.
 PYTHON_DOCS = "/usr/share/doc/python3/html/_sources"
 # The command's training defaults over the training job's (4 layers, width 256, 4 heads, 16 x 128 tokens a step):
-# sized so that the 16 runs of one seed fit an hour on two cores; a validation loss only at the start and the end
+# sized so that the 48 runs of three seeds fit an hour on two cores; a validation loss only at the start and the end
 # (the table scores the held-out documents itself), a checkpoint every 100 steps for resuming, one thread per run.
 DEFAULTS = {"train.max_steps": 140, "train.save_every": 100, "train.eval_every": 1_000_000, "train.num_threads": 1,
             "train.keep_checkpoints": 1, "data.max_validation_tokens": 8192, "train.eval_batches": 4}
 CSV_FIELDS = ("family", "position", "seed", "context_length", "loss", "perplexity", "windows", "tokens",
               "train_length", "train_tokens", "steps", "batch_size", "lr", "num_layers", "hidden_size", "num_heads",
               "parameters", "train_seconds", "eval_seconds", "settings")
-# Seconds of training per (token x layer) at width 256 (growing linearly with width), CPU time on one thread of a
-# 2-core x86 VM, and a fixed cost per run (tokenising the corpus, scoring the held-out documents); to plan by.
-_SECONDS_PER_TOKEN_LAYER = {"gla": 3.2e-4, "fox": 2.8e-4, "deltanet": 3.7e-4, "transformer": 2.9e-4}
-_SECONDS_PER_RUN = 60.0
+# A whole run over its training steps at the probe's pace: the checkpoints, the validation at the start and the
+# end, tokenising the corpus and scoring the held-out documents at every context length.
+RUN_OVER_PROBE = 1.5
 MARGIN = 0.01  # relative: "lower perplexity" means lower by at least 1%
 
 
@@ -137,12 +136,43 @@ def _worker(args: tuple) -> list[dict[str, Any]]:
     return train_and_score(*args)
 
 
-def expected_seconds(config) -> float:
-    """A run's expected time on one uncontended CPU thread."""
-    m = config.model
-    tokens = config.train.max_steps * config.train.batch_size * config.data.seq_len
-    per_token = _SECONDS_PER_TOKEN_LAYER[m.family] * m.num_hidden_layers * m.hidden_size / 256
-    return _SECONDS_PER_RUN + tokens * per_token
+def seconds_per_step(config, tokenizer: Path, steps: int = 3, warmup: int = 1) -> float:
+    """A training step's wall time for ``config`` on one thread (a batch of random tokens through the model with
+    labels, backward and AdamW), timed over ``steps`` steps after ``warmup``: what the sweep plans its time with."""
+    import torch
+
+    from rotarium.data.tokenizer import load_tokenizer
+    from rotarium.training.build import build_model
+    from rotarium.training.optim import build_optimizer
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        torch.manual_seed(0)
+        model = build_model(config, load_tokenizer(str(tokenizer)))
+        optimizer = build_optimizer(model, config.optim)
+        tokens = torch.randint(0, model.config.vocab_size, (config.train.batch_size, config.data.seq_len))
+        for step in range(warmup + steps):
+            if step == warmup:
+                start = time.perf_counter()
+            model(input_ids=tokens, labels=tokens).loss.backward()
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+        return (time.perf_counter() - start) / steps
+    finally:
+        torch.set_num_threads(threads)
+
+
+def expected_seconds(configs: list, tokenizer: Path) -> float:
+    """The runs' expected time on one thread each, from a few timed steps of each family x option."""
+    per_step: dict[tuple[str, str], float] = {}
+    total = 0.0
+    for config in configs:
+        key = (config.model.family, config.model.position_encoding)
+        if key not in per_step:
+            per_step[key] = seconds_per_step(config, tokenizer)
+        total += RUN_OVER_PROBE * config.train.max_steps * per_step[key]
+    return total
 
 
 def run_units(overrides: dict[str, Any], units: list[Unit], output_dir: Path, runs_dir: Path, *,
@@ -161,9 +191,10 @@ def run_units(overrides: dict[str, Any], units: list[Unit], output_dir: Path, ru
                            (unit.family, unit.position, unit.seed) and r["settings"] == key}
 
     todo = [u for u in units if not done(u)]
-    expected = sum(expected_seconds(configs[u]) for u in todo) / max(1, min(jobs, len(todo)))
+    expected = expected_seconds([configs[u] for u in todo], tokenizer) / max(1, min(jobs, len(todo)))
     log(f"{len(units) - len(todo)} of {len(units)} runs already done; {len(todo)} to run with {jobs} process(es), "
-        f"expected about {expected / 60:.0f} min on an uncontended 2-core x86 CPU")
+        f"expected about {expected / 60:.0f} min on this machine (timed from a few steps of each family x option; "
+        "longer if other work shares its cores)")
 
     def record(unit: Unit, new: list[dict[str, Any]]) -> None:
         nonlocal rows
@@ -323,7 +354,7 @@ def plot(rows: list[dict[str, Any]], path: Path) -> None:
 
 def extrapolation_sweep(overrides: dict[str, Any], output_dir: str | os.PathLike, runs_dir: str | os.PathLike, *,
                         families: tuple[str, ...] = FAMILIES, positions: tuple[str, ...] = POSITIONS,
-                        seeds: tuple[int, ...] = (0,), multiples: tuple[int, ...] = (1, 2, 4, 8),
+                        seeds: tuple[int, ...] = (0, 1, 2), multiples: tuple[int, ...] = (1, 2, 4, 8),
                         eval_tokens: int = 16384, jobs: int = 1, command: str | None = None, progress: bool = True,
                         log: Callable[[str], None] = print) -> tuple[Path, Path, Path]:
     for key in ("model.family", "model.position_encoding", "train.seed"):
@@ -363,8 +394,8 @@ def add_commands(subparsers) -> None:
                         help=f"comma-separated subset of {','.join(FAMILIES)}")
     parser.add_argument("--positions", type=choice_list(POSITIONS), default=list(POSITIONS),
                         help=f"comma-separated subset of {','.join(POSITIONS)}")
-    parser.add_argument("--seeds", type=int_list("--seeds", minimum=0), default=[0],
-                        help="comma-separated seeds (default 0: three seeds take three times the hour of one)")
+    parser.add_argument("--seeds", type=int_list("--seeds", minimum=0), default=[0, 1, 2],
+                        help="comma-separated seeds (default 0,1,2)")
     parser.add_argument("--multiples", type=int_list("--multiples"), default=[1, 2, 4, 8],
                         help="context lengths as multiples of data.seq_len (default 1,2,4,8)")
     parser.add_argument("--eval-tokens", type=int, default=16384,

@@ -27,7 +27,7 @@ def corpus(tmp_path):
 
 def test_a_tiny_sweep_writes_table_csv_plot_and_a_rerun_trains_nothing(corpus, tmp_path, monkeypatch, capsys):
     args = ["extrapolation", "--data.source", str(corpus), "--families", "gla", "--positions", "rope,rove",
-            "--output-dir", str(tmp_path / "out"), "--runs-dir", str(tmp_path / "runs"), *TINY]
+            "--seeds", "0", "--output-dir", str(tmp_path / "out"), "--runs-dir", str(tmp_path / "runs"), *TINY]
     assert main(args) == 0
     rows = read_rows(tmp_path / "out" / "extrapolation.csv")
     assert sorted((r["position"], r["context_length"]) for r in rows) == [("rope", 8), ("rope", 16), ("rove", 8),
