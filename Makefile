@@ -14,7 +14,7 @@ lint:
 
 # CI runs `make test`, so the lint runs there too, before the suite.
 test: lint
-	$(PYTHON) -m pytest -q -n 2 --dist loadgroup tests
+	$(PYTHON) -m pytest -q -n 2 --dist loadgroup --durations=15 tests
 
 demo:
 	$(PYTHON) -m rotarium train

@@ -180,7 +180,8 @@ def map_fla_config(model_type: str, config: Any) -> tuple[str, dict[str, Any]]:
         _require(model_type, "clamp_min", config.clamp_min, (None,), "the decay gate has no floor")
         return "gla", {**kwargs, "position_encoding": "nope", "expand_k": config.expand_k,
                        "expand_v": config.expand_v, "use_short_conv": config.use_short_conv,
-                       "conv_size": config.conv_size, "gate_low_rank_dim": 16, "gate_logit_normalizer": 16.0}
+                       "conv_size": config.conv_size, "gate_low_rank_dim": 16, "gate_logit_normalizer": 16.0,
+                       "rotary_gate_per_pair": False}
     if model_type in ("delta_net", "gated_deltanet"):
         _require(model_type, "use_short_conv", config.use_short_conv, (True,),
                  "without convolutions fla still applies SiLU to q, k, v, rotarium does not")

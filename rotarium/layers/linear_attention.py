@@ -141,15 +141,16 @@ class GatedLinearAttention(LinearAttentionMixer):
     def __init__(self, hidden_size: int, num_heads: int, positional: PositionalSettings, expand_k: float = 0.5,
                  expand_v: float = 1.0, use_short_conv: bool = True, conv_size: int = 4,
                  gate_low_rank_dim: int = 16, gate_logit_normalizer: float = 16.0, norm_eps: float = 1e-6,
-                 head_dim: int | None = None):
+                 head_dim: int | None = None, rotary_gate_per_pair: bool = True):
         super().__init__(hidden_size, num_heads, expand_k, expand_v, use_short_conv, conv_size, output_gate=True,
                          mixer_has_decay=True, positional=positional, norm_eps=norm_eps, head_dim=head_dim)
         self.gate_logit_normalizer = gate_logit_normalizer
         # A rotated feature pair (i, i + R/2) is one complex channel: it must decay as one, or the decay would not
         # commute with the rotation and RoPE would stop depending on relative positions only. The transition is then
         # the complex diagonal lambda * exp(i omega) of Selective RoPE (docs/design.md §3.4). So the gate has one
-        # output per pair.
-        self.tied_pairs = self.positional.rotary_dim // 2
+        # output per pair, unless ``rotary_gate_per_pair`` is off: one per key channel, as fla's GLA, which the
+        # Selective RoPE reference rotates.
+        self.tied_pairs = self.positional.rotary_dim // 2 if rotary_gate_per_pair else 0
         self.gk_proj = nn.Sequential(nn.Linear(hidden_size, gate_low_rank_dim, bias=False),
                                      nn.Linear(gate_low_rank_dim, (self.head_k_dim - self.tied_pairs) * num_heads,
                                                bias=True))

@@ -245,6 +245,11 @@ class GLAConfig(RotariumConfig):
             Size of each key (and query) head. `None`: the heads split `expand_k * hidden_size`. When given,
             `expand_k` is unused, the value heads have `head_dim * expand_v` features and `num_heads` need not
             divide `hidden_size`.
+        rotary_gate_per_pair (`bool`, *optional*, defaults to `True`):
+            With a positional option that rotates keys, one decay per rotated pair of key features, so that the decay
+            commutes with the rotation (docs/design.md §3.4). `False`: one decay per key feature, as fla's GLA and
+            the Selective RoPE reference's GLA, where the decay and the rotation do not commute. Without rotated
+            keys both are the same.
         kwargs:
             The shared fields of [`RotariumConfig`].
     """
@@ -253,7 +258,7 @@ class GLAConfig(RotariumConfig):
     family = "gla"
     default_num_heads = 4
     mixer_fields = ("expand_k", "expand_v", "use_short_conv", "conv_size", "gate_low_rank_dim",
-                    "gate_logit_normalizer", "head_dim")
+                    "gate_logit_normalizer", "head_dim", "rotary_gate_per_pair")
     presets: ClassVar[dict[str, dict[str, Any]]] = {
         "gla-370m": {"hidden_size": 1024, "num_heads": 4, "expand_k": 0.5, "expand_v": 1.0, "use_short_conv": True},
         "gla-1.3b": {"hidden_size": 2048, "num_heads": 4, "expand_k": 0.5, "expand_v": 1.0, "use_short_conv": True},
@@ -261,8 +266,9 @@ class GLAConfig(RotariumConfig):
 
     def __init__(self, expand_k: float = 0.5, expand_v: float = 1.0, use_short_conv: bool = True, conv_size: int = 4,
                  gate_low_rank_dim: int = 16, gate_logit_normalizer: float = 16.0, head_dim: int | None = None,
-                 **kwargs):
+                 rotary_gate_per_pair: bool = True, **kwargs):
         self.head_dim = head_dim
+        self.rotary_gate_per_pair = rotary_gate_per_pair
         self.expand_k = expand_k
         self.expand_v = expand_v
         self.use_short_conv = use_short_conv

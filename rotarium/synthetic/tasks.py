@@ -156,9 +156,9 @@ class TaskSpec:
 
 
 # The reference's GLA keeps its key width equal to the model width in every synthetic config (expand_k 1, against
-# 0.5 for language modelling), and its Selective RoPE defaults differ from ours in the activation after the
-# convolution (none), so both are spelled out.
-_REFERENCE_GLA = {"expand_k": 1.0, "expand_v": 1.0}
+# 0.5 for language modelling) and decays every key feature on its own (fla's GLA, rotated); its Selective RoPE
+# defaults differ from ours in the activation after the convolution (none). All are spelled out.
+_REFERENCE_GLA = {"expand_k": 1.0, "expand_v": 1.0, "rotary_gate_per_pair": False}
 # The reference's attention configs (model/attn.yaml of every task) rotate with Selective RoPE and add no decay.
 _REFERENCE_ATTENTION = {"selective_rope_decay": False}
 _REFERENCE_SELECTIVE_ROPE = {"selective_rope_rank": 32, "selective_rope_conv_size": 4,

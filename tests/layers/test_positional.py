@@ -176,6 +176,30 @@ def test_zero_angle_projection_reduces_to_nope_with_the_same_decay():
     assert (run(gla_sel, x)[0] - run(gla_nope, x)[0]).abs().max() <= 1e-6
 
 
+def test_gla_with_a_gate_per_key_feature_is_the_reference_construction():
+    """``rotary_gate_per_pair=False``: fla's GLA (one decay per key feature) on q and k turned by RoPE before the
+    kernel, as the Selective RoPE reference builds it; checked against the NoPE mixer with the same weights whose
+    q and k are rotated by RoPE's definition."""
+    untied = make_mixer("gla", "rope", rotary_gate_per_pair=False)
+    nope = make_mixer("gla", "nope")
+    assert untied.gk_proj[1].out_features == untied.num_heads * untied.head_k_dim  # one gate per key feature
+    nope.load_state_dict(untied.state_dict())
+    K = untied.head_k_dim
+    freq = 10000 ** (-torch.arange(0, K, 2, dtype=torch.float64) / K)
+    rotations = torch.stack([rotation_matrix(t * freq) for t in range(T)]).float()  # [T, K, K]
+
+    def rotated(q, k, v, x, seq, state):
+        enc = type(nope.positional).forward(nope.positional, q, k, v, x, seq, state)
+        turn = lambda y: torch.einsum("tij,bthj->bthi", rotations, y)  # noqa: E731
+        return type(enc)(turn(enc.q), turn(enc.k), enc.v, enc.log_decay, enc.state)
+
+    nope.positional.forward = rotated
+    x = torch.randn(2, T, HIDDEN)
+    assert (run(untied, x)[0] - run(nope, x)[0]).abs().max() <= 1e-5
+    # the default ties each rotated pair's decay: fewer gate outputs, another function
+    assert make_mixer("gla", "rope").gk_proj[1].out_features == untied.num_heads * K // 2
+
+
 def test_selective_decay_is_on_only_for_mixers_without_one():
     assert make_mixer("transformer", "selective_rope").positional.adds_decay
     assert make_mixer("deltanet", "selective_rope").positional.adds_decay

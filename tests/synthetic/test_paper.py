@@ -20,6 +20,7 @@ SELECTIVE_ROPE_DEFAULTS = {
     "selective_rope_phase_gate": False, "selective_rope_bias": False, "selective_rope_conv_size": 4,
     "rope_theta": 500000.0}
 
+# Every task's GLA is fla's (src/selective_rope/layers/gla.py): one decay per key feature, rotated q and k.
 REFERENCE = {
     # configs/state_tracking/{state_tracking.yaml (sweep: S2, use_short_conv true, temp_theta 1.0, temp_max 1.0,
     # use_gate false, use_bias true, lr 5e-4), model/gla.yaml (1 layer, hidden 384, 12 heads, expand_k/v 1),
@@ -30,7 +31,7 @@ REFERENCE = {
                 "lr": 5e-4, "train_length": 128, "eval_lengths": [128, 512]},
         "optim": {"weight_decay": 1e-6, "betas": [0.9, 0.999], "eps": 1e-8, "grad_clip": 0.0},
         "model": {**SELECTIVE_ROPE_DEFAULTS, "selective_rope_temperature_base": 1.0, "selective_rope_bias": True,
-                  "use_short_conv": True, "expand_k": 1.0, "expand_v": 1.0},
+                  "use_short_conv": True, "expand_k": 1.0, "expand_v": 1.0, "rotary_gate_per_pair": False},
     },
     # configs/copying/{copying.yaml (temp_type rfa, temp_theta 0.9999, temp_max 0.25, skip_conv true, use_gate and
     # use_bias swept, lr 2e-3, 5000
@@ -45,7 +46,7 @@ REFERENCE = {
         "model": {**SELECTIVE_ROPE_DEFAULTS, "selective_rope_spectrum": "rfa", "selective_rope_rfa_theta": 0.9999,
                   "selective_rope_tau_max": 0.25, "selective_rope_skip_conv": True, "selective_rope_phase_gate": True,
                   "selective_rope_bias": True, "use_short_conv": False,
-                  "expand_k": 1.0, "expand_v": 1.0},
+                  "expand_k": 1.0, "expand_v": 1.0, "rotary_gate_per_pair": False},
     },
     # configs/mad/{model/gla.yaml (2 GLA + 2 SwiGLU layers, dim 128, 8 heads, gate_logit_normalizer 16,
     # gate_low_rank_dim 16, layernorm_eps 1e-5), trainer/trainer.yaml (batch 128, lr 5e-4, weight decay 0, cosine
@@ -58,7 +59,7 @@ REFERENCE = {
         "optim": {"weight_decay": 0.0, "betas": [0.9, 0.999], "eps": 1e-8, "grad_clip": 0.0, "schedule": "cosine",
                   "min_lr_ratio": 1e-6 / 5e-4},
         "model": {**SELECTIVE_ROPE_DEFAULTS, "use_short_conv": False, "expand_k": 1.0, "expand_v": 1.0,
-                  "gate_logit_normalizer": 16.0, "gate_low_rank_dim": 16, "norm_eps": 1e-5},
+                  "rotary_gate_per_pair": False, "gate_logit_normalizer": 16.0, "gate_low_rank_dim": 16, "norm_eps": 1e-5},
     },
 }
 
