@@ -190,7 +190,7 @@ def test_gla_with_a_gate_per_key_feature_is_the_reference_construction():
 
     def rotated(q, k, v, x, seq, state):
         enc = type(nope.positional).forward(nope.positional, q, k, v, x, seq, state)
-        turn = lambda y: torch.einsum("tij,bthj->bthi", rotations, y)  # noqa: E731
+        turn = lambda y: torch.einsum("tij,bthj->bthi", rotations, y)
         return type(enc)(turn(enc.q), turn(enc.k), enc.v, enc.log_decay, enc.state)
 
     nope.positional.forward = rotated

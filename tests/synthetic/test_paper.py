@@ -59,7 +59,8 @@ REFERENCE = {
         "optim": {"weight_decay": 0.0, "betas": [0.9, 0.999], "eps": 1e-8, "grad_clip": 0.0, "schedule": "cosine",
                   "min_lr_ratio": 1e-6 / 5e-4},
         "model": {**SELECTIVE_ROPE_DEFAULTS, "use_short_conv": False, "expand_k": 1.0, "expand_v": 1.0,
-                  "rotary_gate_per_pair": False, "gate_logit_normalizer": 16.0, "gate_low_rank_dim": 16, "norm_eps": 1e-5},
+                  "rotary_gate_per_pair": False, "gate_logit_normalizer": 16.0, "gate_low_rank_dim": 16,
+                  "norm_eps": 1e-5},
     },
 }
 
