@@ -33,8 +33,8 @@ from rotarium.utils.files import read_csv_rows, write_csv_atomic, write_text_ato
 PYTHON_DOCS = "/usr/share/doc/python3/html/_sources"
 # The command's training defaults over the training job's (4 layers, width 256, 4 heads, 16 x 128 tokens a step):
 # sized so that the 48 runs of three seeds fit an hour on two cores; a validation loss only at the start and the end
-# (the table scores the held-out documents itself), a checkpoint every 100 steps for resuming, one thread per run.
-DEFAULTS = {"train.max_steps": 140, "train.save_every": 100, "train.eval_every": 1_000_000, "train.num_threads": 1,
+# (the table scores the held-out documents itself), a checkpoint every 50 steps for resuming, one thread per run.
+DEFAULTS = {"train.max_steps": 100, "train.save_every": 50, "train.eval_every": 1_000_000, "train.num_threads": 1,
             "train.keep_checkpoints": 1, "data.max_validation_tokens": 8192, "train.eval_batches": 4}
 CSV_FIELDS = ("family", "position", "seed", "context_length", "loss", "perplexity", "windows", "tokens",
               "train_length", "train_tokens", "steps", "batch_size", "lr", "num_layers", "hidden_size", "num_heads",
