@@ -279,7 +279,8 @@ def markdown_report(rows: list[dict[str, Any]], command: str | None, corpus: str
             f"{', '.join(map(str, seeds))}. Wall time per run (training and evaluation, one thread; longer on a "
             f"shared CPU): median "
             f"{statistics.median(seconds) / 60:.1f} min (min-max {min(seconds) / 60:.1f}-{max(seconds) / 60:.1f}); "
-            f"{sum(seconds) / 60:.0f} min for the {len(runs)} runs."), "",
+            f"{sum(seconds) / 60:.0f} min for the {len(runs)} runs one after another (a sweep runs two at a time on "
+            "two cores)."), "",
             (f"Status: **complete**, all {len(runs)} runs." if len(runs) >= units else
              f"Status: **partial**, {len(runs)} of {units} runs; cells with fewer seeds say how many."), "",
             ("Cells: perplexity on each run's held-out documents, median over seeds [min-max]; the same tokens are "
