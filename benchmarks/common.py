@@ -57,6 +57,24 @@ def verdict(ok: bool) -> str:
     return "PASS" if ok else "FAIL"
 
 
+def release_freed_memory() -> bool:
+    """Makes glibc map every allocation of 64 KiB or more on its own and unmap it when freed; False where that is not
+    glibc.
+
+    The resident set then follows the live tensors, which a peak measured by the resident set (VmHWM) needs: under
+    glibc's defaults, memory freed by a warm-up step stays in the process below an adaptive threshold and is reused
+    unseen, so the same step's measured peak depends on which of its buffers happened to fit what the warm-up left.
+    """
+    import ctypes
+
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+        mmap_threshold = -3  # malloc.h's M_MMAP_THRESHOLD; setting it also stops glibc adapting it
+        return bool(libc.mallopt(mmap_threshold, 64 << 10))
+    except (OSError, AttributeError):
+        return False
+
+
 def keep_freed_memory() -> bool:
     """Makes glibc keep freed memory for reuse instead of handing it back to the OS; False where that is not glibc.
 

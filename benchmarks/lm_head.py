@@ -6,8 +6,9 @@ through the output projection a chunk of tokens at a time and the ``[tokens, voc
 step's peak memory lower by at least the size of the float32 logits, its time within 1.05x.
 
 Each contender's peak memory is measured in a fresh process (the peak resident set above the resident set just
-before the step, after a warm-up step), since a process's peak only rises. Times come from round-robin rounds in one
-process (benchmarks/common.py).
+before the step, after a warm-up step), since a process's peak only rises, with glibc returning every freed
+buffer of 64 KiB or more to the OS at once, so that the resident set follows the live tensors. Times come from
+round-robin rounds in one process (benchmarks/common.py).
 
 ``python benchmarks/lm_head.py [--preset gla-370m] [--seq-len 2048] [--batch 1] [--repeats 3]
 [--head-only]``: ``--head-only`` times the part that differs (final hidden states -> loss -> gradients of the
@@ -21,7 +22,13 @@ import subprocess
 import sys
 
 import torch
-from common import keep_freed_memory, paired_ratio, time_rounds, verdict  # beside this script, first on sys.path
+from common import (  # beside this script, first on sys.path
+    keep_freed_memory,
+    paired_ratio,
+    release_freed_memory,
+    time_rounds,
+    verdict,
+)
 
 from rotarium.configs.presets import preset_config
 from rotarium.models import FAMILY_MODELS, set_activation_checkpointing
@@ -74,7 +81,10 @@ def make_step(args: argparse.Namespace):
     def step():
         loss = model(input_ids=ids, labels=ids, return_logits=return_logits).loss
         loss.backward()
-        model.zero_grad(set_to_none=True)
+        # The gradients stay allocated between steps, as between the micro-batches of gradient accumulation (the
+        # recipes accumulate): the measured peak is then what the micro-batch itself adds. Freed after every step,
+        # the gradients' own allocation at the end of the backward would set the peak of a short batch instead.
+        model.zero_grad(set_to_none=False)
         return loss.detach()
 
     return step
@@ -82,6 +92,7 @@ def make_step(args: argparse.Namespace):
 
 def measure_memory(args: argparse.Namespace) -> None:
     """Child process: a warm-up step, then one measured step; prints JSON."""
+    release_freed_memory()
     step = make_step(args)
     loss = float(step())
     reset_peak()
