@@ -65,14 +65,7 @@ def release_freed_memory() -> bool:
     glibc's defaults, memory freed by a warm-up step stays in the process below an adaptive threshold and is reused
     unseen, so the same step's measured peak depends on which of its buffers happened to fit what the warm-up left.
     """
-    import ctypes
-
-    try:
-        libc = ctypes.CDLL("libc.so.6")
-        mmap_threshold = -3  # malloc.h's M_MMAP_THRESHOLD; setting it also stops glibc adapting it
-        return bool(libc.mallopt(mmap_threshold, 64 << 10))
-    except (OSError, AttributeError):
-        return False
+    return _mallopt((M_MMAP_THRESHOLD, 64 << 10))  # setting it also stops glibc adapting it
 
 
 def keep_freed_memory() -> bool:
@@ -84,11 +77,18 @@ def keep_freed_memory() -> bool:
     depends on its temporaries' sizes and on what ran before it, not on its arithmetic. Kept memory is what jemalloc /
     tcmalloc give (PyTorch's CPU tuning guide recommends them) and what PyTorch's caching allocator does on GPUs.
     """
+    return _mallopt((M_MMAP_THRESHOLD, 256 << 20), (M_TRIM_THRESHOLD, 1 << 30))
+
+
+M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3  # malloc.h's
+
+
+def _mallopt(*settings: tuple[int, int]) -> bool:
+    """glibc's mallopt for each (option, value); False where the C library is not glibc or refuses one."""
     import ctypes
 
     try:
         libc = ctypes.CDLL("libc.so.6")
-        trim_threshold, mmap_threshold = -1, -3  # malloc.h's M_TRIM_THRESHOLD, M_MMAP_THRESHOLD
-        return bool(libc.mallopt(mmap_threshold, 256 << 20)) and bool(libc.mallopt(trim_threshold, 1 << 30))
+        return all(bool(libc.mallopt(option, value)) for option, value in settings)
     except (OSError, AttributeError):
         return False
