@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
@@ -163,25 +164,31 @@ def training_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, sett
     return value
 
 
-def seconds_per_step(settings: RunSettings, steps: int = 6, warmup: int = 2) -> float:
-    """A training step's wall time for ``settings`` on one thread, timed over ``steps`` steps after ``warmup``
-    (evaluation not included): what a sweep plans its time with."""
-    s = settings.resolved()
+def seconds_per_call(step: Callable[[], object], calls: int, warmup: int) -> float:
+    """``step``'s mean wall time on one thread (a sweep runs one process per core) over ``calls`` calls after
+    ``warmup`` untimed ones: what the sweeps plan their time with."""
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        torch.manual_seed(s.seed)
-        model = build_model(s).to(s.device)
-        optim = OptimSection(lr=s.lr, warmup_steps=1, **s.optim_options)
-        optimizer = build_optimizer(model, optim)
-        generator = torch.Generator().manual_seed(s.seed)
-        for step in range(warmup + steps):
-            if step == warmup:
-                start = time.perf_counter()
-            training_step(model, optimizer, s, generator, clip_norm(optim))
-        return (time.perf_counter() - start) / steps
+        for _ in range(warmup):
+            step()
+        start = time.perf_counter()
+        for _ in range(calls):
+            step()
+        return (time.perf_counter() - start) / calls
     finally:
         torch.set_num_threads(threads)
+
+
+def seconds_per_step(settings: RunSettings, steps: int = 6, warmup: int = 2) -> float:
+    """A training step's wall time for ``settings`` on one thread (evaluation not included)."""
+    s = settings.resolved()
+    torch.manual_seed(s.seed)
+    model = build_model(s).to(s.device)
+    optim = OptimSection(lr=s.lr, warmup_steps=1, **s.optim_options)
+    optimizer = build_optimizer(model, optim)
+    generator = torch.Generator().manual_seed(s.seed)
+    return seconds_per_call(lambda: training_step(model, optimizer, s, generator, clip_norm(optim)), steps, warmup)
 
 
 @torch.no_grad()

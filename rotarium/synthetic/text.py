@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from rotarium.synthetic.runner import FAMILIES, POSITIONS
+from rotarium.synthetic.runner import FAMILIES, POSITIONS, seconds_per_call
 from rotarium.synthetic.sweep import verdict
 from rotarium.utils.argtypes import int_list
 from rotarium.utils.files import read_csv_rows, write_csv_atomic, write_text_atomic
@@ -137,30 +137,25 @@ def _worker(args: tuple) -> list[dict[str, Any]]:
 
 
 def seconds_per_step(config, tokenizer: Path, steps: int = 3, warmup: int = 1) -> float:
-    """A training step's wall time for ``config`` on one thread (a batch of random tokens through the model with
-    labels, backward and AdamW), timed over ``steps`` steps after ``warmup``: what the sweep plans its time with."""
+    """A training step's wall time for ``config`` on one thread: a batch of random tokens through the model with
+    labels, backward and AdamW."""
     import torch
 
     from rotarium.data.tokenizer import load_tokenizer
     from rotarium.training.build import build_model
     from rotarium.training.optim import build_optimizer
 
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        torch.manual_seed(0)
-        model = build_model(config, load_tokenizer(str(tokenizer)))
-        optimizer = build_optimizer(model, config.optim)
-        tokens = torch.randint(0, model.config.vocab_size, (config.train.batch_size, config.data.seq_len))
-        for step in range(warmup + steps):
-            if step == warmup:
-                start = time.perf_counter()
-            model(input_ids=tokens, labels=tokens).loss.backward()
-            optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
-        return (time.perf_counter() - start) / steps
-    finally:
-        torch.set_num_threads(threads)
+    torch.manual_seed(0)
+    model = build_model(config, load_tokenizer(str(tokenizer)))
+    optimizer = build_optimizer(model, config.optim)
+    tokens = torch.randint(0, model.config.vocab_size, (config.train.batch_size, config.data.seq_len))
+
+    def step() -> None:
+        model(input_ids=tokens, labels=tokens).loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+    return seconds_per_call(step, steps, warmup)
 
 
 def expected_seconds(configs: list, tokenizer: Path) -> float:
