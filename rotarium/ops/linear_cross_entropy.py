@@ -37,22 +37,29 @@ class _LinearCrossEntropy(torch.autograd.Function):
             end = min(start + chunk, N)
             x_chunk, chunk_valid = x[start:end], valid[start:end]
             chunk_target = target[start:end].masked_fill(~chunk_valid, 0)
+            # the previous chunk's logits are freed before this chunk's exist, not after
+            z = grad_z = capped = None
             z = F.linear(x_chunk, weight, bias).float()
             if logit_scale != 1.0:
                 z.mul_(logit_scale)
-            capped = None
             if logit_softcapping is not None:
                 capped = z.div_(logit_softcapping).tanh_()
                 z = capped * logit_softcapping
-            lse = torch.logsumexp(z, -1)
-            per_token = lse - z.gather(1, chunk_target[:, None]).squeeze(1)
+            target_logit = z.gather(1, chunk_target[:, None]).squeeze(1)
+            mean_logit = z.mean(-1) if label_smoothing else None
+            # logsumexp in place: torch.logsumexp allocates two temporaries of the chunk's logits' size, which would
+            # set the peak memory of a checkpointed training step. z becomes exp(z - max), then the softmax.
+            max_logit = z.amax(-1, keepdim=True)
+            sum_exp = z.sub_(max_logit).exp_().sum(-1)
+            lse = sum_exp.log() + max_logit.squeeze(1)
+            per_token = lse - target_logit
             if label_smoothing:
-                per_token = (1 - label_smoothing) * per_token + label_smoothing * (lse - z.mean(-1))
+                per_token = (1 - label_smoothing) * per_token + label_smoothing * (lse - mean_logit)
             loss += per_token.masked_fill(~chunk_valid, 0).sum()
             if grad_x is None and grad_weight is None and grad_bias is None:
                 continue
             # d loss / d z = softmax(z) - (1 - s) onehot(target) - s / V, zero on ignored tokens
-            grad_z = z.sub_(lse[:, None]).exp_()
+            grad_z = z.div_(sum_exp[:, None])
             grad_z[torch.arange(end - start, device=z.device), chunk_target] -= 1 - label_smoothing
             if label_smoothing:
                 grad_z.sub_(label_smoothing / V)

@@ -1,7 +1,12 @@
-"""The chunked linear cross-entropy against the plain one (full logits, F.cross_entropy): loss and gradients."""
+"""The chunked linear cross-entropy against the plain one (full logits, F.cross_entropy): loss and gradients, and
+the memory it holds."""
+import weakref
+
 import pytest
 import torch
 import torch.nn.functional as F
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
 
 from rotarium.ops.linear_cross_entropy import fused_linear_cross_entropy_loss
 from tests.asserts import assert_close
@@ -70,6 +75,48 @@ def test_no_gradients_computed_when_none_are_needed():
         loss = fused_linear_cross_entropy_loss(x, target, weight)
     assert not loss.requires_grad
     assert_close(loss, plain(x, target, weight).detach(), 1e-5, rtol=0)
+
+
+class PeakLiveBytes(TorchDispatchMode):
+    """The most bytes the tensors created inside the mode hold at once, seen after every op: a storage counts while
+    any tensor on it is alive, once however many views share it."""
+
+    def __init__(self):
+        super().__init__()
+        self.tensors: dict[int, tuple[int, list[weakref.ref]]] = {}  # data_ptr -> (bytes, tensors on it)
+        self.peak = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        # views of tensors made before the mode (the inputs, the weights) are not new memory
+        made_before = {a.untyped_storage().data_ptr() for a in tree_flatten((args, kwargs))[0]
+                       if isinstance(a, torch.Tensor) and not self.alive(a.untyped_storage().data_ptr())}
+        for t in tree_flatten(out)[0]:
+            if isinstance(t, torch.Tensor) and t.untyped_storage().data_ptr() not in made_before:
+                storage = t.untyped_storage()
+                key = storage.data_ptr()
+                if not self.alive(key):  # a new storage, perhaps where a freed one was
+                    self.tensors[key] = (storage.nbytes(), [])
+                self.tensors[key][1].append(weakref.ref(t))
+        self.peak = max(self.peak, sum(self.tensors[key][0] for key in self.tensors if self.alive(key)))
+        return out
+
+    def alive(self, key: int) -> bool:
+        return any(ref() is not None for ref in self.tensors.get(key, (0, []))[1])
+
+
+def test_holds_one_chunk_of_logits_at_a_time():
+    """Beside the gradients it returns, the forward holds one chunk's float32 logits, and not even a temporary
+    copy of them (torch.logsumexp makes two): a second copy would set the peak of a checkpointed training step."""
+    tokens, width, vocab, chunks = 64, 8, 4096, 4
+    x = torch.randn(tokens, width, requires_grad=True)
+    weight = torch.randn(vocab, width, requires_grad=True)
+    target = torch.randint(0, vocab, (tokens,))
+    with PeakLiveBytes() as tracker:
+        fused_linear_cross_entropy_loss(x, target, weight, num_chunks=chunks)
+    returned_gradients = (tokens + vocab) * width * 4
+    chunk_logits = tokens // chunks * vocab * 4
+    assert tracker.peak < returned_gradients + 1.25 * chunk_logits, (tracker.peak - returned_gradients) / chunk_logits
 
 
 def test_bad_arguments_name_the_argument():
