@@ -55,7 +55,8 @@ MARGIN = 2.5e9
 GPU_BATCH = 8
 # Bytes a parameter takes on a GPU in training: float32 weights (the master copy under bf16 autocast and FSDP's
 # mixed precision), float32 gradients, AdamW's two float32 moments.
-GPU_STATE_BYTES = 16
+STATE_BYTES = {"weights": 4, "gradients": 4, "AdamW moments": 8}
+GPU_STATE_BYTES = sum(STATE_BYTES.values())
 
 
 @dataclass(frozen=True)
@@ -565,14 +566,15 @@ def step_cells(r: dict) -> list[str]:
 
 
 def memory_columns(gpu_tokens: int) -> list[str]:
-    return ["parameters", "weights+grads+AdamW GB", "activations/token kB", "+ fixed MB",
+    return ["parameters", "weights / grads / AdamW GB", "activations/token kB", "+ fixed MB",
             f"GPU {GPU_BATCH} x {gpu_tokens} bf16 activations GB", "GPU total, DDP, ckpt GB"]
 
 
 def memory_cells(r: dict) -> list[str]:
     """The cells of :func:`memory_columns`."""
     states = r["params"] * GPU_STATE_BYTES
-    return [f"{r['params'] / 1e6:,.1f}M", f"{states / GB:.1f}", pair(r["per_token"], 1e3), pair(r["fixed"], 1e6),
+    split = " / ".join(f"{r['params'] * size / GB:.1f}" for size in STATE_BYTES.values())
+    return [f"{r['params'] / 1e6:,.1f}M", split, pair(r["per_token"], 1e3), pair(r["fixed"], 1e6),
             pair(r["gpu_bf16"], GB), f"{(states + r['gpu_bf16']['checkpointing']) / GB:.1f}"]
 
 
