@@ -89,15 +89,18 @@ class PeakLiveBytes(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
         # views of tensors made before the mode (the inputs, the weights) are not new memory
-        made_before = {a.untyped_storage().data_ptr() for a in tree_flatten((args, kwargs))[0]
-                       if isinstance(a, torch.Tensor) and not self.alive(a.untyped_storage().data_ptr())}
+        made_before = {key for a in tree_flatten((args, kwargs))[0] if isinstance(a, torch.Tensor)
+                       and not self.alive(key := a.untyped_storage().data_ptr())}
         for t in tree_flatten(out)[0]:
-            if isinstance(t, torch.Tensor) and t.untyped_storage().data_ptr() not in made_before:
-                storage = t.untyped_storage()
-                key = storage.data_ptr()
-                if not self.alive(key):  # a new storage, perhaps where a freed one was
-                    self.tensors[key] = (storage.nbytes(), [])
-                self.tensors[key][1].append(weakref.ref(t))
+            if not isinstance(t, torch.Tensor):
+                continue
+            storage = t.untyped_storage()
+            key = storage.data_ptr()
+            if key in made_before:
+                continue
+            if not self.alive(key):  # a new storage, perhaps where a freed one was
+                self.tensors[key] = (storage.nbytes(), [])
+            self.tensors[key][1].append(weakref.ref(t))
         self.peak = max(self.peak, sum(self.tensors[key][0] for key in self.tensors if self.alive(key)))
         return out
 
