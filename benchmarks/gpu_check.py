@@ -6,6 +6,7 @@ Usage::
     python benchmarks/gpu_check.py --part models [--budget 180] [--only TEXT]... [--batch 4] [--seq-len 2048]
                                                  [--steps 3]
     python benchmarks/gpu_check.py --part ops|models --dry-run      (CPU, tiny sizes: the script's own test)
+    python benchmarks/gpu_check.py --part ops|models --interpret    (CPU, tiny sizes, fla's kernels interpreted)
     (either part: [--autotune first] to compile one configuration per fla kernel instead of autotuning)
 
 ``--part ops`` calls each op with ``backend="fla"`` and with ``backend="torch"`` on the same CUDA inputs and compares
@@ -44,10 +45,17 @@ table. Rows not started within ``--budget`` seconds are skipped, so the table pr
 TEXT`` (repeatable) keeps the rows whose name contains one of the texts. ``--table PATH`` also writes the table to a
 file.
 
-``--dry-run`` builds and runs every row on CPU at tiny sizes with fla replaced by the PyTorch path (fla's kernels
-cannot run on CPU; fla's models are still built and their weights mapped into rotarium's), so the script cannot rot
-(tests/test_gpu_check.py). Exit status: 1 if a row FAILs, 3 if the budget left rows unrun, 2 where nothing can run
-(no GPU, no fla), else 0. fla is imported only when a row needs it.
+``--dry-run`` builds and runs every row on CPU at tiny sizes with fla replaced by the PyTorch path (fla's models are
+still built and their weights mapped into rotarium's), so the script cannot rot (tests/test_gpu_check.py).
+
+``--interpret`` runs the same tiny rows on CPU with fla's own Triton kernels executed by Triton's interpreter
+(``TRITON_INTERPRET=1``, each program in numpy): every row then compares the code a GPU runs, called as rotarium calls
+it, with the PyTorch path, and fla's own models train beside rotarium's. What it cannot show is what only a GPU has:
+compilation, TF32, bfloat16 arithmetic (the interpreter cannot compute in bfloat16, so float16 takes its place), speed
+and host synchronisation. CI runs both parts this way (tests/test_gpu_check.py).
+
+Exit status: 1 if a row FAILs, 3 if the budget left rows unrun, 2 where nothing can run (no GPU, no fla), else 0.
+fla is imported only when a row needs it.
 """
 from __future__ import annotations
 
@@ -86,12 +94,12 @@ from rotarium.models.modeling import CACHE_FIELD
 from rotarium.ops.backend import ENV_VAR, count_dispatches
 from rotarium.ops.delta_rule.chunk import fla_gated_backward_refused
 
-BF16, FP32 = torch.bfloat16, torch.float32
-DTYPE_NAMES = {BF16: "bf16", FP32: "fp32"}
+BF16, FP16, FP32 = torch.bfloat16, torch.float16, torch.float32
+DTYPE_NAMES = {BF16: "bf16", FP16: "fp16", FP32: "fp32"}
 # Relative L2 errors. bf16: both sides read the same bf16 inputs; fla keeps bf16 intermediates where the PyTorch path
 # keeps float32, and a wiring error (scale, gate layout, state layout, a missing gradient) is of order 1, far above.
 # fp32 (ops only): IEEE matmuls on both sides.
-OP_TOL = {BF16: 3e-2, FP32: 1e-3}
+OP_TOL = {BF16: 3e-2, FP16: 3e-2, FP32: 1e-3}
 MODEL_TOL = 5e-2
 PEER_LOSS_TOL = 1e-2
 
@@ -172,15 +180,29 @@ def judged(errs: dict[str, float], tol: float) -> tuple[bool, str]:
 
 # ------------------------------------------------------------------------------------------ which backend ran
 
+MODES = ("gpu", "dry-run", "interpret")
+
+
 @dataclass(frozen=True)
 class Context:
     device: str
-    dry_run: bool
+    mode: str  # one of MODES
+
+    @property
+    def tiny(self) -> bool:
+        """CPU sizes: everything but the GPU run."""
+        return self.mode != "gpu"
 
     @property
     def fla_side(self) -> str:
-        """The backend the fla side must run: fla on a GPU; in a dry run fla is replaced by the PyTorch path."""
-        return "torch" if self.dry_run else "fla"
+        """The backend the fla side must run: fla, except in a dry run, where the PyTorch path stands in for it."""
+        return "torch" if self.mode == "dry-run" else "fla"
+
+    @property
+    def half(self) -> torch.dtype:
+        """The training dtype: bfloat16, but float16 under Triton's interpreter, which holds bfloat16 as raw 16-bit
+        integers and so computes garbage with it (float16 is a numpy type there)."""
+        return FP16 if self.mode == "interpret" else BF16
 
 
 def known_fallback(op: str, dtype: torch.dtype, grad: bool) -> str | None:
@@ -342,6 +364,18 @@ SIZES = {"chunk_gla": {"H": 2, "K": 256, "V": 512}, "fused_recurrent_gla": {"H":
          "parallel_forgetting_attn": {"H": 4, "K": 64, "V": 64}, "parallel_attn": {"H": 4, "K": 64, "V": 64},
          "forgetting_attn_with_cache": {"H": 2, "HQ": 4, "K": 64},
          "fused_linear_cross_entropy_loss": {"D": 1024, "V": 32000}}
+# Under Triton's interpreter every kernel program runs in numpy, one after another, so the heads shrink; keys and values
+# still differ in size and span several of the kernels' blocks.
+INTERPRETED_SIZES = {"chunk_gla": {"K": 64, "V": 128}, "fused_recurrent_gla": {"K": 64, "V": 128},
+                     "chunk_delta_rule": {"H": 2, "K": 64, "V": 64},
+                     "fused_recurrent_delta_rule": {"H": 2, "K": 64, "V": 64},
+                     "chunk_gated_delta_rule": {"K": 64, "V": 128},
+                     "fused_recurrent_gated_delta_rule": {"K": 64, "V": 128},
+                     "parallel_forgetting_attn": {"K": 32, "V": 32}, "parallel_attn": {"K": 32, "V": 32}}
+
+
+def op_sizes(call: str, ctx: Context) -> dict[str, int]:
+    return SIZES[call] | (INTERPRETED_SIZES.get(call, {}) if ctx.mode == "interpret" else {})
 
 
 @dataclass(frozen=True)
@@ -352,11 +386,11 @@ class OpRow:
     grads: tuple[str, ...]  # empty: inference
 
 
-def op_rows(dry_run: bool) -> list[tuple[OpRow, torch.dtype]]:
+def op_rows(ctx: Context) -> list[tuple[OpRow, torch.dtype]]:
     """Every ops row, most telling first (a run cut short by --budget keeps those): packed training, training
     through decoding, plain batches, decoding, float32."""
-    T = 100 if dry_run else 1000  # not a multiple of 64, so every kernel sees a partial chunk
-    cu = (0, 30, 31, 70, 100) if dry_run else (0, 70, 71, 530, 1000)  # a one-token sequence among them
+    T = 100 if ctx.tiny else 1000  # not a multiple of 64, so every kernel sees a partial chunk
+    cu = (0, 30, 31, 70, 100) if ctx.tiny else (0, 70, 71, 530, 1000)  # a one-token sequence among them
     packed = {"B": 1, "T": cu[-1], "cu": cu}
     batch = {"B": 2, "T": T}
     steps = {"B": 2, "T": 5}  # a few tokens continuing from a state, as decoding with gradients
@@ -364,24 +398,26 @@ def op_rows(dry_run: bool) -> list[tuple[OpRow, torch.dtype]]:
     gqa = {"HQ": 4, "H": 2}
     chunked = ("chunk_gla", "chunk_delta_rule", "chunk_gated_delta_rule")
     attention = ("parallel_forgetting_attn", "parallel_attn")
-    rows = [(OpRow(f"bf16 {name} packed, per-sequence h0 and final states, fwd+bwd", name, packed, GRADS[name]), BF16)
-            for name in chunked]
-    rows += [(OpRow(f"bf16 {name} packed GQA 4/2, fwd+bwd", name, {**packed, **gqa}, GRADS[name]), BF16)
+    half = ctx.half
+    low = DTYPE_NAMES[half]
+    rows = [(OpRow(f"{low} {name} packed, per-sequence h0 and final states, fwd+bwd", name, packed, GRADS[name]),
+             half) for name in chunked]
+    rows += [(OpRow(f"{low} {name} packed GQA 4/2, fwd+bwd", name, {**packed, **gqa}, GRADS[name]), half)
              for name in attention]
-    rows += [(OpRow(f"bf16 parallel_forgetting_attn packed GQA 4/2 window {window}, fwd+bwd",
+    rows += [(OpRow(f"{low} parallel_forgetting_attn packed GQA 4/2 window {window}, fwd+bwd",
                     "parallel_forgetting_attn", {**packed, **gqa, "window": window}, GRADS["parallel_forgetting_attn"]),
-              BF16)]
-    rows += [(OpRow(f"bf16 {name} 5 tokens from a state, grads (not of the state)", name, steps, GRADS[name][:-1]),
-              BF16) for name in chunked]
-    rows += [(OpRow(f"bf16 {name} batch, h0, fwd+bwd", name, batch, GRADS[name]), BF16) for name in chunked]
-    rows += [(OpRow("bf16 parallel_forgetting_attn batch, fwd+bwd", "parallel_forgetting_attn", batch,
-                    GRADS["parallel_forgetting_attn"]), BF16),
-             (OpRow(f"bf16 parallel_attn batch window {window}, fwd+bwd", "parallel_attn", {**batch, "window": window},
-                    GRADS["parallel_attn"]), BF16)]
-    rows += [(OpRow("bf16 fused_linear_cross_entropy_loss, 1/7 ignored, fwd+bwd", "fused_linear_cross_entropy_loss",
-                    {"N": 64, "D": 64, "V": 512} if dry_run else {"N": 2048}, GRADS["fused_linear_cross_entropy_loss"]),
-              BF16)]
-    for dtype in (BF16, FP32):
+              half)]
+    rows += [(OpRow(f"{low} {name} 5 tokens from a state, grads (not of the state)", name, steps, GRADS[name][:-1]),
+              half) for name in chunked]
+    rows += [(OpRow(f"{low} {name} batch, h0, fwd+bwd", name, batch, GRADS[name]), half) for name in chunked]
+    rows += [(OpRow(f"{low} parallel_forgetting_attn batch, fwd+bwd", "parallel_forgetting_attn", batch,
+                    GRADS["parallel_forgetting_attn"]), half),
+             (OpRow(f"{low} parallel_attn batch window {window}, fwd+bwd", "parallel_attn", {**batch, "window": window},
+                    GRADS["parallel_attn"]), half)]
+    loss_shape = {"N": 64, "D": 64, "V": 512} if ctx.tiny else {"N": 2048}
+    rows += [(OpRow(f"{low} fused_linear_cross_entropy_loss, 1/7 ignored, fwd+bwd", "fused_linear_cross_entropy_loss",
+                    loss_shape, GRADS["fused_linear_cross_entropy_loss"]), half)]
+    for dtype in (half, FP32):
         name = DTYPE_NAMES[dtype]
         rows += [(OpRow(f"{name} {op} 8 tokens from a state", op, {"B": 2, "T": 8}, ()), dtype)
                  for op in ("fused_recurrent_gla", "fused_recurrent_delta_rule", "fused_recurrent_gated_delta_rule")]
@@ -409,7 +445,7 @@ def run_op(row: OpRow, x: dict, backend: str, grads: tuple[str, ...]) -> tuple[d
 
 def check_op(row: OpRow, dtype: torch.dtype, ctx: Context) -> tuple[str, str]:
     op = DISPATCHED[row.call]
-    x = INPUTS.get(row.call, op_inputs)(**{**SIZES[row.call], **row.shape}, dtype=dtype, device=ctx.device)
+    x = INPUTS.get(row.call, op_inputs)(**{**op_sizes(row.call, ctx), **row.shape}, dtype=dtype, device=ctx.device)
     whole = known_fallback(op, dtype, grad=False)
     if whole is not None:
         # fla cannot take the call at all: what must hold is that "auto" routes it to the PyTorch path and runs
@@ -417,7 +453,7 @@ def check_op(row: OpRow, dtype: torch.dtype, ctx: Context) -> tuple[str, str]:
         problems, _ = check_dispatches(calls, "torch", ctx, dtype, bool(row.grads))
         return row_status(True, problems, [f"{op}: {whole}"], "not compared: the auto backend ran the PyTorch path")
     grads, note = row.grads, ""
-    if grads and not ctx.dry_run and known_fallback(op, dtype, grad=True) is not None:
+    if grads and ctx.fla_side == "fla" and known_fallback(op, dtype, grad=True) is not None:
         grads, note = (), "forward only"
     ours, torch_calls = run_op(row, x, "torch", grads)
     theirs, fla_calls = run_op(row, x, ctx.fla_side, grads)
@@ -433,10 +469,12 @@ def check_op(row: OpRow, dtype: torch.dtype, ctx: Context) -> tuple[str, str]:
 
 def time_op(name: str, T: int, repeats: int, ctx: Context) -> tuple[str, str]:
     """fwd+bwd of one op, bf16, batch 1 x T, on each backend (forward only where fla refuses the backward)."""
+    if ctx.mode == "interpret":
+        return "SKIP", "the speed of kernels run by Triton's interpreter says nothing of a GPU's"
     op = DISPATCHED[name]
     grads = GRADS[name]
     note = ""
-    if not ctx.dry_run and known_fallback(op, BF16, grad=True) is not None:
+    if ctx.fla_side == "fla" and known_fallback(op, BF16, grad=True) is not None:
         grads, note = (), " (forward only: fla refuses the backward here)"
     row = OpRow(name, name, {}, grads)
     x = op_inputs(**SIZES[name], B=1, T=T, dtype=BF16, device=ctx.device)
@@ -446,17 +484,17 @@ def time_op(name: str, T: int, repeats: int, ctx: Context) -> tuple[str, str]:
     text = " | ".join(f"{backend} {t * 1e3:.2f} ms" for backend, t in times.items())
     if len(times) == 2:
         text += f" | torch/fla {times['torch'] / times['fla']:.1f}x"
-    return "PASS", text + note + (" (dry run: both sides are the PyTorch path)" if ctx.dry_run else "")
+    return "PASS", text + note + (" (dry run: both sides are the PyTorch path)" if ctx.mode == "dry-run" else "")
 
 
 def ops_part(report: Report, ctx: Context, args: argparse.Namespace) -> None:
-    for row, dtype in op_rows(ctx.dry_run):
+    for row, dtype in op_rows(ctx):
         report.run(row.name, lambda row=row, dtype=dtype: check_op(row, dtype, ctx))
-    T = 128 if ctx.dry_run else args.T
+    T = 128 if ctx.tiny else args.T
     for name in ("chunk_gla", "chunk_delta_rule", "chunk_gated_delta_rule", "parallel_forgetting_attn",
                  "parallel_attn"):
         report.run(f"time bf16 {name} fwd+bwd, 1 x {T} tokens",
-                   lambda name=name: time_op(name, T, 1 if ctx.dry_run else args.repeats, ctx))
+                   lambda name=name: time_op(name, T, 1 if ctx.tiny else args.repeats, ctx))
 
 
 # ------------------------------------------------------------------------------------------------ the models
@@ -484,6 +522,11 @@ TINY = {"hidden_size": 64, "vocab_size": 256, "intermediate_size": 128}
 FLA_MODELS = {"gla": "GLAForCausalLM", "delta_net": "DeltaNetForCausalLM",
               "gated_deltanet": "GatedDeltaNetForCausalLM",
               "forgetting_transformer": "ForgettingTransformerForCausalLM"}
+
+
+# fla's options for its models under the interpreter: its fused cross-entropy refuses CPU tensors (a Python check
+# before its kernel), and its fused SwiGLU + linear re-enters CUDA's autocast, not the CPU's, in its backward.
+INTERPRETED_PEER = {"fuse_cross_entropy": False, "fuse_swiglu": False}
 
 
 class NoPeer(Exception):
@@ -527,12 +570,14 @@ def fla_peer_config(config: RotariumConfig, head_k_dim: int, head_v_dim: int) ->
                                       "use_output_gate": config.output_gate, "window_size": None}
 
 
-def build_peer(ours: torch.nn.Module, device: str) -> torch.nn.Module:
-    """fla's model of ``ours``'s config, whose weights ``ours`` then loads: both start from the same point. Mapping
-    the peer back (convert's map_fla_config, fit_state_dict) checks the config was inverted exactly."""
+def build_peer(ours: torch.nn.Module, device: str, **fla_options: object) -> torch.nn.Module:
+    """fla's model of ``ours``'s config (with ``fla_options`` set in fla's config), whose weights ``ours`` then loads:
+    both start from the same point. Mapping the peer back (convert's map_fla_config, fit_state_dict) checks the config
+    was inverted exactly."""
     mixer = ours.model.layers[0].mixer
     model_type, kwargs = fla_peer_config(ours.config, getattr(mixer, "head_k_dim", None),
                                          getattr(mixer, "head_v_dim", None))
+    kwargs |= fla_options
     try:
         fla_models = importlib.import_module("fla.models")
         config_class = fla_config_classes()[model_type]
@@ -568,14 +613,13 @@ def packed_batch(B: int, T: int, vocab: int, device: str) -> dict[str, torch.Ten
     return {name: t.to(device) for name, t in batch.items()}
 
 
-def train_steps(model: torch.nn.Module, batch: dict, steps: int, device: str) -> tuple[float, list[float], Counter]:
+def train_steps(model: torch.nn.Module, batch: dict, steps: int, ctx: Context) -> tuple[float, list[float], Counter]:
     """A warm-up AdamW step (its loss is the model's at its initial weights) and ``steps`` timed ones."""
-    fused = device == "cuda"
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=fused)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=ctx.device == "cuda")
     model.train()
 
     def step() -> torch.Tensor:
-        with torch.autocast(device, dtype=BF16):
+        with torch.autocast(ctx.device, dtype=ctx.half):
             loss = model(**batch).loss
         loss.backward()  # outside autocast, as accelerate runs it
         optimizer.step()
@@ -599,8 +643,9 @@ def check_training(name: str, preset: str, overrides: dict, ctx: Context, args: 
                    report: Report) -> None:
     """Two rows: rotarium's training step (ops on ``auto``), then fla's model of the same preset from the same
     weights (or why there is none)."""
-    overrides = {**overrides, **((TINY | {"num_hidden_layers": 2}) if ctx.dry_run else {})}
-    B, T, steps = (2, 64, 1) if ctx.dry_run else (args.batch, args.seq_len, args.steps)
+    overrides = {**overrides, **((TINY | {"num_hidden_layers": 2}) if ctx.tiny else {})}
+    # interpreted kernels are not timed: their speed says nothing of a GPU's
+    B, T, steps = (args.batch, args.seq_len, args.steps) if not ctx.tiny else (2, 64, int(ctx.mode == "dry-run"))
     state: dict = {}
 
     def ours_row() -> tuple[str, str]:
@@ -608,17 +653,17 @@ def check_training(name: str, preset: str, overrides: dict, ctx: Context, args: 
         batch = state["batch"] = packed_batch(B, T, config.vocab_size, ctx.device)
         model = build_model(config, ctx.device)
         try:
-            state["peer"] = build_peer(model, ctx.device)
+            state["peer"] = build_peer(model, ctx.device, **(INTERPRETED_PEER if ctx.mode == "interpret" else {}))
         except NoPeer as why:
             state["no_peer"] = str(why)
         if ctx.device == "cuda":
             torch.cuda.reset_peak_memory_stats()
         with ops_backend("auto"):
-            first, times, calls = train_steps(model, batch, steps, ctx.device)
+            first, times, calls = train_steps(model, batch, steps, ctx)
         state["loss"], state["times"] = first, times
         size = sum(p.numel() for p in model.parameters())
         del model
-        problems, known = check_dispatches(calls, "fla", ctx, BF16, grad=True)
+        problems, known = check_dispatches(calls, "fla", ctx, ctx.half, grad=True)
         memory = f", peak {torch.cuda.max_memory_allocated() / 2**30:.1f} GiB" if ctx.device == "cuda" else ""
         note = f"{size / 1e6:.1f}M params, {speed(times, B * T)}, first loss {first:.4f}{memory}"
         return row_status(math.isfinite(first), problems, known, note)
@@ -629,17 +674,17 @@ def check_training(name: str, preset: str, overrides: dict, ctx: Context, args: 
         if "peer" not in state:
             return "SKIP", "rotarium's row did not get as far as building it"
         peer = state.pop("peer")
-        if ctx.dry_run:
+        if ctx.mode == "dry-run":
             return "SKIP", (f"built ({type(peer).__name__}) and its weights loaded into rotarium's; fla's kernels "
                             "need CUDA (dry run)")
         config_type = peer.config.model_type
         if config_type == "gated_deltanet" and fla_gated_backward_refused():
-            with torch.no_grad(), torch.autocast(ctx.device, dtype=BF16):
+            with torch.no_grad(), torch.autocast(ctx.device, dtype=ctx.half):
                 first = peer(**state["batch"]).loss.item()
             times: list[float] = []
             note = "not timed: fla refuses the gated delta rule's backward on Hopper with Triton < 3.7.1"
         else:
-            first, times, _ = train_steps(peer, state["batch"], steps, ctx.device)
+            first, times, _ = train_steps(peer, state["batch"], steps, ctx)
             note = speed(times, B * T)
             if times and state.get("times"):
                 note += f", rotarium/fla time {statistics.median(state['times']) / statistics.median(times):.2f}x"
@@ -649,7 +694,7 @@ def check_training(name: str, preset: str, overrides: dict, ctx: Context, args: 
         return verdict(err < PEER_LOSS_TOL), (f"{note}, first loss {first:.4f} vs rotarium's: rel diff {err:.1e} "
                                               f"(tol {PEER_LOSS_TOL:.0e})")
 
-    report.run(f"train {name} rotarium, bf16 autocast, packed {B} x {T}", ours_row)
+    report.run(f"train {name} rotarium, {DTYPE_NAMES[ctx.half]} autocast, packed {B} x {T}", ours_row)
     report.run(f"train {name} fla's own model, same weights and batch", peer_row)
     state.clear()
 
@@ -671,19 +716,19 @@ def e2e_side(model: torch.nn.Module, data: dict, backend: str, ctx: Context) -> 
         model.zero_grad(set_to_none=True)
         for name, kwargs in (("batch", {"input_ids": ids, "labels": ids}),
                              ("packed", {"input_ids": packed, "labels": packed, "cu_seqlens": cu})):
-            with torch.autocast(device, dtype=BF16):
+            with torch.autocast(device, dtype=ctx.half):
                 loss = model(**kwargs).loss
             loss.backward()
             out[f"{name} loss"], out[f"{name} grads"] = loss.detach(), grads()
         model.eval()
-        with torch.no_grad(), torch.autocast(device, dtype=BF16):
+        with torch.no_grad(), torch.autocast(device, dtype=ctx.half):
             cache = getattr(model(ids[:, :P], use_cache=True), CACHE_FIELD)
-        with torch.autocast(device, dtype=BF16):
+        with torch.autocast(device, dtype=ctx.half):
             tail = ids[:, P:P + C]
             loss = model(tail, past_key_values=cache, use_cache=True, labels=tail).loss
         loss.backward()
         out["loss from cache"], out["grads from cache"] = loss.detach(), grads()
-    with ops_backend(backend), count_dispatches() as inferred, torch.no_grad(), torch.autocast(device, dtype=BF16):
+    with ops_backend(backend), count_dispatches() as inferred, torch.no_grad(), torch.autocast(device, dtype=ctx.half):
         out["full logits"] = model(ids[:, :P + D]).logits[:, P:].float()
         result = model(ids[:, :P], use_cache=True)
         cache, steps = getattr(result, CACHE_FIELD), []
@@ -697,11 +742,11 @@ def e2e_side(model: torch.nn.Module, data: dict, backend: str, ctx: Context) -> 
 
 def check_e2e(family: str, encoding: str, ctx: Context) -> tuple[str, str]:
     preset, overrides = FAMILY_ROWS[family]
-    sizes = (TINY | {"num_hidden_layers": 1}) if ctx.dry_run else {"num_hidden_layers": 2, "vocab_size": 1024}
+    sizes = (TINY | {"num_hidden_layers": 1}) if ctx.tiny else {"num_hidden_layers": 2, "vocab_size": 1024}
     config = preset_config(preset, **overrides, **sizes, position_encoding=encoding)
     model = build_model(config, ctx.device)
     # tokens, packed documents (one of a single token), prefill, decoded tokens, tokens continued with gradients
-    T, cu, P, D, C = (24, (0, 6, 7, 18, 24), 12, 3, 3) if ctx.dry_run else (300, (0, 70, 71, 230, 300), 130, 10, 5)
+    T, cu, P, D, C = (24, (0, 6, 7, 18, 24), 12, 3, 3) if ctx.tiny else (300, (0, 70, 71, 230, 300), 130, 10, 5)
     gen = torch.Generator().manual_seed(1)
     data = {"ids": torch.randint(0, config.vocab_size, (2, T), generator=gen).to(ctx.device),
             "packed": torch.randint(0, config.vocab_size, (1, cu[-1]), generator=gen).to(ctx.device),
@@ -716,7 +761,7 @@ def check_e2e(family: str, encoding: str, ctx: Context) -> tuple[str, str]:
     problems, known = [], []
     for calls, side, grad in ((fla_trained, "fla", True), (fla_inferred, "fla", False),
                               (torch_trained, "torch", True), (torch_inferred, "torch", False)):
-        more_problems, more_known = check_dispatches(calls, side, ctx, BF16, grad)
+        more_problems, more_known = check_dispatches(calls, side, ctx, ctx.half, grad)
         problems += more_problems
         known += [k for k in more_known if k not in known]
     return row_status(good, problems, known, text)
@@ -727,13 +772,13 @@ def check_no_host_sync(family: str, encoding: str, ctx: Context) -> tuple[str, s
     once fla's kernels are compiled, nothing in rotarium may read a device value (the CPU's proxy is the meta-device
     test of tests/gpu_readiness)."""
     preset, overrides = FAMILY_ROWS[family]
-    sizes = (TINY | {"num_hidden_layers": 1}) if ctx.dry_run else {"num_hidden_layers": 2, "vocab_size": 1024}
+    sizes = (TINY | {"num_hidden_layers": 1}) if ctx.tiny else {"num_hidden_layers": 2, "vocab_size": 1024}
     config = preset_config(preset, **overrides, **sizes, position_encoding=encoding)
     model = build_model(config, ctx.device).train()
-    ids = torch.randint(0, config.vocab_size, (2, 24 if ctx.dry_run else 300), device=ctx.device)
+    ids = torch.randint(0, config.vocab_size, (2, 24 if ctx.tiny else 300), device=ctx.device)
 
     def step() -> None:
-        with torch.autocast(ctx.device, dtype=BF16):
+        with torch.autocast(ctx.device, dtype=ctx.half):
             loss = model(input_ids=ids, labels=ids).loss
         loss.backward()
 
@@ -787,10 +832,12 @@ def header(ctx: Context, part: str) -> None:
             versions.append(f"{module} {importlib.import_module(module).__version__}")
         except Exception:  # noqa: BLE001 - reported as missing
             versions.append(f"{module} missing")
-    where = torch.cuda.get_device_name() if ctx.device == "cuda" else "CPU (dry run: fla replaced by the PyTorch path)"
+    where = {"gpu": torch.cuda.get_device_name() if ctx.device == "cuda" else "",
+             "dry-run": "CPU (dry run: fla replaced by the PyTorch path)",
+             "interpret": "CPU (fla's Triton kernels run by Triton's interpreter)"}[ctx.mode]
     print(f"gpu_check --part {part}: {where}; {', '.join(versions)}; "
           f"TRITON_F32_DEFAULT={os.environ.get('TRITON_F32_DEFAULT', 'unset')}", flush=True)
-    if not ctx.dry_run and fla_gated_backward_refused():
+    if ctx.mode == "gpu" and fla_gated_backward_refused():
         print("fla refuses the gated delta rule's backward on this GPU and Triton: those rows are KNOWN", flush=True)
 
 
@@ -807,11 +854,53 @@ def keep_first_autotune_config() -> None:
     autotuner.Autotuner.__init__ = first_only
 
 
+def run_fla_in_triton_interpreter() -> None:
+    """fla's kernels from now on run on CPU tensors, each Triton program executed in numpy by Triton's interpreter:
+    the very kernels a GPU runs, on the calls rotarium makes, though neither their speed nor their compilation.
+
+    ``TRITON_INTERPRET=1`` must be set before triton is first imported (``triton.jit`` reads it when it decorates a
+    function, triton's own library included, and importing torch imports triton), so main starts the script again with
+    it. Before fla is imported, three adjustments: each autotuned kernel keeps its first configuration (the interpreter
+    cannot time candidates); rotarium's backend accepts CPU tensors for fla; and a Python ``range`` loop inside a
+    kernel yields Triton scalars, as it does when compiled, rather than the Python ints the interpreter gives (fla's
+    kernels call ``.to`` on the loop index).
+    """
+    keep_first_autotune_config()
+    import triton.language as tl
+    from triton.runtime import interpreter
+
+    from rotarium.ops import backend
+
+    if not hasattr(interpreter, "_patch_lang") or not hasattr(interpreter, "_implicit_cvt"):
+        raise RuntimeError(f"triton {importlib.import_module('triton').__version__}'s interpreter has no _patch_lang "
+                           "or _implicit_cvt, which --interpret adjusts; run --dry-run instead")
+
+    def scalar_range(start, stop=None, step=None, **_):
+        start, stop = (0, start) if stop is None else (start, stop)
+        for index in range(int(start), int(stop), 1 if step is None else int(step)):
+            yield interpreter._implicit_cvt(index)
+
+    patch_language = interpreter._patch_lang
+
+    def patch_with_scalar_range(fn):
+        scope = patch_language(fn)
+        scope.set_attr(sys.modules[fn.__module__], "range", scalar_range)  # shadows the builtin inside the kernel
+        scope.set_attr(tl, "range", scalar_range)
+        return scope
+
+    interpreter._patch_lang = patch_with_scalar_range
+    backend.fla_device = lambda x: True  # main refuses to run when fla cannot be imported
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--part", required=True, choices=("ops", "models"))
-    parser.add_argument("--dry-run", action="store_true", help="CPU, tiny sizes, fla replaced by the PyTorch path")
-    parser.add_argument("--budget", type=float, default=180.0, help="seconds after which no new row starts")
+    mode = parser.add_mutually_exclusive_group()
+    mode.add_argument("--dry-run", action="store_true", help="CPU, tiny sizes, fla replaced by the PyTorch path")
+    mode.add_argument("--interpret", action="store_true",
+                      help="CPU, tiny sizes, fla's Triton kernels run by Triton's interpreter (float16 for bfloat16)")
+    parser.add_argument("--budget", type=float, default=None,
+                        help="seconds after which no new row starts (default: 180 on a GPU, none on CPU)")
     parser.add_argument("--only", action="append", default=[], metavar="TEXT",
                         help="run only the rows whose name contains TEXT (may be given several times)")
     parser.add_argument("--table", default=None, help="also write the final table to this file")
@@ -836,11 +925,17 @@ def main() -> None:
         os.environ.setdefault("TRITON_F32_DEFAULT", "ieee")
         torch.backends.cuda.matmul.allow_tf32 = False
         torch.backends.cudnn.allow_tf32 = False
-    ctx = Context("cpu" if args.dry_run else "cuda", args.dry_run)
-    if args.autotune == "first" and not args.dry_run and torch.cuda.is_available():
+    ctx = Context("cuda", "gpu")
+    if args.dry_run or args.interpret:
+        ctx = Context("cpu", "dry-run" if args.dry_run else "interpret")
+    if ctx.mode == "interpret":
+        if os.environ.get("TRITON_INTERPRET") != "1":
+            os.execve(sys.executable, [sys.executable, *sys.argv], {**os.environ, "TRITON_INTERPRET": "1"})
+        run_fla_in_triton_interpreter()  # before anything imports fla
+    elif args.autotune == "first" and ctx.mode == "gpu" and torch.cuda.is_available():
         keep_first_autotune_config()  # before anything imports fla
-    if not args.dry_run:
-        if not torch.cuda.is_available():
+    if ctx.mode != "dry-run":
+        if ctx.mode == "gpu" and not torch.cuda.is_available():
             print("gpu_check: no CUDA device here; --dry-run checks the script on CPU", flush=True)
             sys.exit(2)
         problem = fla_problem()
@@ -849,9 +944,10 @@ def main() -> None:
                   "on PYTHONPATH) and rerun: every row compares fla with the PyTorch path", flush=True)
             sys.exit(2)
     header(ctx, args.part)
-    report = Report(args.budget, args.only)
+    report = Report(args.budget if args.budget is not None else (180.0 if ctx.mode == "gpu" else math.inf), args.only)
     (ops_part if args.part == "ops" else models_part)(report, ctx, args)
-    sys.exit(report.table(f"gpu_check --part {args.part}" + (" --dry-run" if args.dry_run else ""), args.table))
+    flag = "" if ctx.mode == "gpu" else f" --{ctx.mode}"
+    sys.exit(report.table(f"gpu_check --part {args.part}{flag}", args.table))
 
 
 if __name__ == "__main__":

@@ -1,5 +1,6 @@
 """benchmarks/gpu_check.py cannot rot: its dry run builds and runs every row on CPU (fla replaced by the PyTorch
-path), and its verdicts on which backend ran are checked on hand-made dispatch counts."""
+path), its interpreted run executes fla's Triton kernels on CPU against the PyTorch path, and its verdicts on which
+backend ran are checked on hand-made dispatch counts."""
 from __future__ import annotations
 
 import importlib
@@ -25,33 +26,43 @@ ENCODINGS = ("nope", "rope", "rove", "selective_rope")
 FLA_PEERS = {"gla-370m": "GLAForCausalLM", "fox-370m": "ForgettingTransformerForCausalLM",
              "deltanet-370m": "DeltaNetForCausalLM", "gated-deltanet-370m": "GatedDeltaNetForCausalLM"}
 
-# Every row of each part: (the row name's beginning, its status in a dry run).
-EXPECTED = {
-    "ops": [
-        *((f"bf16 {op} {variant}", "PASS") for op in CHUNK_OPS
-          for variant in ("packed, per-sequence h0 and final states, fwd+bwd", "batch, h0, fwd+bwd",
-                          "5 tokens from a state, grads")),
-        ("bf16 parallel_forgetting_attn packed GQA 4/2, fwd+bwd", "PASS"),
-        ("bf16 parallel_forgetting_attn batch, fwd+bwd", "PASS"),
-        ("bf16 parallel_forgetting_attn packed GQA 4/2 window", "PASS"),
-        ("bf16 parallel_attn packed GQA 4/2, fwd+bwd", "PASS"),
-        ("bf16 parallel_attn batch window", "PASS"),
-        ("bf16 fused_linear_cross_entropy_loss", "PASS"),
-        *((f"{dtype} {op} 8 tokens from a state", "PASS") for dtype in ("bf16", "fp32") for op in RECURRENT_OPS),
-        *((f"{dtype} forgetting_attn_with_cache 1 token, GQA 4/2, {what}", "PASS") for dtype in ("bf16", "fp32")
-          for what in ("forget gate", "left-padded")),
-        *((f"fp32 {op} batch, fwd", "KNOWN" if op == "chunk_delta_rule" else "PASS")
-          for op in (*CHUNK_OPS, *ATTENTION_OPS)),
-        *((f"time bf16 {op} fwd+bwd", "PASS") for op in (*CHUNK_OPS, *ATTENTION_OPS)),
-    ],
-    "models": [
-        *(row for preset in PRESETS for row in ((f"train {preset} rotarium, bf16 autocast, packed", "PASS"),
-                                                (f"train {preset} fla's own model", "SKIP"))),
-        *((f"e2e {family} + {encoding}", "PASS") for family in FAMILIES for encoding in ENCODINGS),
+
+
+def expected_rows(part: str, mode: str) -> list[tuple[str, str]]:
+    """Every row of a part on CPU: (the row name's beginning, its status). ``mode``: "dry-run" (fla replaced by the
+    PyTorch path) or "interpret" (fla's kernels run by Triton's interpreter, in float16 where a GPU uses bfloat16)."""
+    interpret = mode == "interpret"
+    low = "fp16" if interpret else "bf16"
+    if part == "ops":
+        return [
+            *((f"{low} {op} {variant}", "PASS") for op in CHUNK_OPS
+              for variant in ("packed, per-sequence h0 and final states, fwd+bwd", "batch, h0, fwd+bwd",
+                              "5 tokens from a state, grads")),
+            (f"{low} parallel_forgetting_attn packed GQA 4/2, fwd+bwd", "PASS"),
+            (f"{low} parallel_forgetting_attn batch, fwd+bwd", "PASS"),
+            (f"{low} parallel_forgetting_attn packed GQA 4/2 window", "PASS"),
+            (f"{low} parallel_attn packed GQA 4/2, fwd+bwd", "PASS"),
+            (f"{low} parallel_attn batch window", "PASS"),
+            (f"{low} fused_linear_cross_entropy_loss", "PASS"),
+            *((f"{dtype} {op} 8 tokens from a state", "PASS") for dtype in (low, "fp32") for op in RECURRENT_OPS),
+            *((f"{dtype} forgetting_attn_with_cache 1 token, GQA 4/2, {what}", "PASS") for dtype in (low, "fp32")
+              for what in ("forget gate", "left-padded")),
+            *((f"fp32 {op} batch, fwd", "KNOWN" if op == "chunk_delta_rule" else "PASS")
+              for op in (*CHUNK_OPS, *ATTENTION_OPS)),
+            *((f"time bf16 {op} fwd+bwd", "SKIP" if interpret else "PASS") for op in (*CHUNK_OPS, *ATTENTION_OPS)),
+        ]
+    # fla's attention decoding kernel has no backward: the softmax families' gradients through decoding run the
+    # PyTorch path on the fla side, which a row with fla really running names as KNOWN
+    decoding_with_grads = "KNOWN" if interpret else "PASS"
+    return [
+        *(row for preset in PRESETS for row in (
+            (f"train {preset} rotarium, {low} autocast, packed", "PASS"),
+            (f"train {preset} fla's own model", "PASS" if interpret and preset in FLA_PEERS else "SKIP"))),
+        *((f"e2e {family} + {encoding}", decoding_with_grads if "GQA" in family else "PASS")
+          for family in FAMILIES for encoding in ENCODINGS),
         *((f"no host sync {family} + {encoding}", "PASS") for family, encoding in (
             ("gla", "rope"), ("deltanet", "selective_rope"), ("fox", "rove"), ("transformer", "selective_rope"))),
-    ],
-}
+    ]
 
 
 def table_rows(stdout: str) -> dict[str, tuple[str, str]]:
@@ -65,24 +76,47 @@ def table_rows(stdout: str) -> dict[str, tuple[str, str]]:
     return rows
 
 
-@pytest.mark.parametrize("part", ["ops", "models"])
-def test_dry_run_builds_and_runs_every_row(part):
+def run_on_cpu(part: str, mode: str) -> dict[str, tuple[str, str]]:
+    """The final table of ``gpu_check.py --part PART --MODE``, each row checked against :func:`expected_rows`."""
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    result = subprocess.run([sys.executable, "benchmarks/gpu_check.py", "--part", part, "--dry-run"], cwd=ROOT,
-                            env=env, capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=600,
+    result = subprocess.run([sys.executable, "benchmarks/gpu_check.py", "--part", part, f"--{mode}"], cwd=ROOT,
+                            env=env, capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=900,
                             check=False)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     rows = table_rows(result.stdout)
-    assert len(rows) == len(EXPECTED[part]), sorted(rows)
-    for start, status in EXPECTED[part]:
+    expected = expected_rows(part, mode)
+    assert len(rows) == len(expected), sorted(rows)
+    for start, status in expected:
         matches = [name for name in rows if name.startswith(start)]
         assert len(matches) == 1, (start, matches)
         assert rows[matches[0]][0] == status, (matches[0], rows[matches[0]])
+    return rows
+
+
+@pytest.mark.parametrize("part", ["ops", "models"])
+def test_dry_run_builds_and_runs_every_row(part):
+    rows = run_on_cpu(part, "dry-run")
     if part == "models" and importlib.util.find_spec("fla") is not None:
         # each fla model was built from the preset's fields and its weights fitted into rotarium's model
         for preset, fla_class in FLA_PEERS.items():
             assert f"built ({fla_class})" in rows[f"train {preset} fla's own model, same weights and batch"][1]
         assert "flash-attn" in rows["train transformer-370m fla's own model, same weights and batch"][1]
+
+
+@pytest.mark.parametrize("part", ["ops", "models"])
+def test_fla_kernels_run_by_tritons_interpreter_agree_with_the_pytorch_path(part):
+    """The CUDA path without a GPU: fla's own Triton kernels, executed by Triton's interpreter on CPU, take the calls
+    rotarium makes (packed sequences with per-sequence states, GQA, windows, decoding against a cache, the chunked
+    loss, every family x positional option end to end) and give what the PyTorch path gives; fla's own models of the
+    presets, loaded with the same weights, start from the same loss."""
+    pytest.importorskip("fla.ops")
+    rows = run_on_cpu(part, "interpret")
+    # two different implementations ran: no compared row agrees to the last bit (the script's dispatch counts
+    # already require the fla side to have run fla)
+    for name, (status, note) in rows.items():
+        errors = [float(e) for e in re.findall(r"\b\d\.\de[+-]\d\d\b", note.split("(tol")[0])]
+        if errors:
+            assert max(errors) > 0, (name, note)
 
 
 @pytest.fixture
@@ -92,7 +126,7 @@ def gpu_check(monkeypatch):
 
 
 def test_a_gpu_run_fails_unless_fla_really_ran(gpu_check):
-    gpu = gpu_check.Context("cuda", dry_run=False)
+    gpu = gpu_check.Context("cuda", "gpu")
 
     def verdict(calls: dict, side: str = "fla", dtype: torch.dtype = torch.bfloat16,
                 grad: bool = False) -> tuple[list, list]:
@@ -116,7 +150,9 @@ def test_a_gpu_run_fails_unless_fla_really_ran(gpu_check):
     assert gpu_check.row_status(True, ["x"], [], "errs")[0] == "FAIL"
     assert gpu_check.row_status(False, [], [], "errs")[0] == "FAIL"
     # a dry run's fla side is the PyTorch path, and must not run fla
-    dry = gpu_check.Context("cpu", dry_run=True)
+    # the interpreted run's fla side is fla's kernels, judged as a GPU's would be
+    assert gpu_check.Context("cpu", "interpret").fla_side == "fla"
+    dry = gpu_check.Context("cpu", "dry-run")
     assert gpu_check.check_dispatches(Counter({("chunk_gla", "torch"): 1}), "fla", dry, torch.bfloat16, False) \
         == ([], [])
 
