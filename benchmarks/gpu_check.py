@@ -196,13 +196,28 @@ class Context:
     @property
     def fla_side(self) -> str:
         """The backend the fla side must run: fla, except in a dry run, where the PyTorch path stands in for it."""
-        return "torch" if self.mode == "dry-run" else "fla"
+        return "torch" if self.dry_run else "fla"
+
+    @property
+    def dry_run(self) -> bool:
+        """The PyTorch path stands in for fla: the script checks itself, not fla."""
+        return self.mode == "dry-run"
+
+    @property
+    def interpreted(self) -> bool:
+        """fla's kernels run on CPU through Triton's interpreter: right values, but no speed worth timing."""
+        return self.mode == "interpret"
+
+    @property
+    def peer_options(self) -> dict[str, bool]:
+        """Options for fla's peer models: the interpreter cannot run the fused cross-entropy and SwiGLU."""
+        return INTERPRETED_PEER if self.interpreted else {}
 
     @property
     def half(self) -> torch.dtype:
         """The training dtype: bfloat16, but float16 under Triton's interpreter, which holds bfloat16 as raw 16-bit
         integers and so computes garbage with it (float16 is a numpy type there)."""
-        return FP16 if self.mode == "interpret" else BF16
+        return FP16 if self.interpreted else BF16
 
 
 def known_fallback(op: str, dtype: torch.dtype, grad: bool) -> str | None:
@@ -375,7 +390,7 @@ INTERPRETED_SIZES = {"chunk_gla": {"K": 64, "V": 128}, "fused_recurrent_gla": {"
 
 
 def op_sizes(call: str, ctx: Context) -> dict[str, int]:
-    return SIZES[call] | (INTERPRETED_SIZES.get(call, {}) if ctx.mode == "interpret" else {})
+    return SIZES[call] | (INTERPRETED_SIZES.get(call, {}) if ctx.interpreted else {})
 
 
 @dataclass(frozen=True)
@@ -469,7 +484,7 @@ def check_op(row: OpRow, dtype: torch.dtype, ctx: Context) -> tuple[str, str]:
 
 def time_op(name: str, T: int, repeats: int, ctx: Context) -> tuple[str, str]:
     """fwd+bwd of one op, bf16, batch 1 x T, on each backend (forward only where fla refuses the backward)."""
-    if ctx.mode == "interpret":
+    if ctx.interpreted:
         return "SKIP", "the speed of kernels run by Triton's interpreter says nothing of a GPU's"
     op = DISPATCHED[name]
     grads = GRADS[name]
@@ -484,7 +499,7 @@ def time_op(name: str, T: int, repeats: int, ctx: Context) -> tuple[str, str]:
     text = " | ".join(f"{backend} {t * 1e3:.2f} ms" for backend, t in times.items())
     if len(times) == 2:
         text += f" | torch/fla {times['torch'] / times['fla']:.1f}x"
-    return "PASS", text + note + (" (dry run: both sides are the PyTorch path)" if ctx.mode == "dry-run" else "")
+    return "PASS", text + note + (" (dry run: both sides are the PyTorch path)" if ctx.dry_run else "")
 
 
 def ops_part(report: Report, ctx: Context, args: argparse.Namespace) -> None:
@@ -645,7 +660,7 @@ def check_training(name: str, preset: str, overrides: dict, ctx: Context, args: 
     weights (or why there is none)."""
     overrides = {**overrides, **((TINY | {"num_hidden_layers": 2}) if ctx.tiny else {})}
     # interpreted kernels are not timed: their speed says nothing of a GPU's
-    B, T, steps = (args.batch, args.seq_len, args.steps) if not ctx.tiny else (2, 64, int(ctx.mode == "dry-run"))
+    B, T, steps = (args.batch, args.seq_len, args.steps) if not ctx.tiny else (2, 64, int(ctx.dry_run))
     state: dict = {}
 
     def ours_row() -> tuple[str, str]:
@@ -653,7 +668,7 @@ def check_training(name: str, preset: str, overrides: dict, ctx: Context, args: 
         batch = state["batch"] = packed_batch(B, T, config.vocab_size, ctx.device)
         model = build_model(config, ctx.device)
         try:
-            state["peer"] = build_peer(model, ctx.device, **(INTERPRETED_PEER if ctx.mode == "interpret" else {}))
+            state["peer"] = build_peer(model, ctx.device, **ctx.peer_options)
         except NoPeer as why:
             state["no_peer"] = str(why)
         if ctx.device == "cuda":
@@ -674,7 +689,7 @@ def check_training(name: str, preset: str, overrides: dict, ctx: Context, args: 
         if "peer" not in state:
             return "SKIP", "rotarium's row did not get as far as building it"
         peer = state.pop("peer")
-        if ctx.mode == "dry-run":
+        if ctx.dry_run:
             return "SKIP", (f"built ({type(peer).__name__}) and its weights loaded into rotarium's; fla's kernels "
                             "need CUDA (dry run)")
         config_type = peer.config.model_type
@@ -928,13 +943,13 @@ def main() -> None:
     ctx = Context("cuda", "gpu")
     if args.dry_run or args.interpret:
         ctx = Context("cpu", "dry-run" if args.dry_run else "interpret")
-    if ctx.mode == "interpret":
+    if ctx.interpreted:
         if os.environ.get("TRITON_INTERPRET") != "1":
             os.execve(sys.executable, [sys.executable, *sys.argv], {**os.environ, "TRITON_INTERPRET": "1"})
         run_fla_in_triton_interpreter()  # before anything imports fla
     elif args.autotune == "first" and ctx.mode == "gpu" and torch.cuda.is_available():
         keep_first_autotune_config()  # before anything imports fla
-    if ctx.mode != "dry-run":
+    if not ctx.dry_run:
         if ctx.mode == "gpu" and not torch.cuda.is_available():
             print("gpu_check: no CUDA device here; --dry-run checks the script on CPU", flush=True)
             sys.exit(2)
