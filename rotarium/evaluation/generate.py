@@ -36,6 +36,17 @@ def generate_text(model, tokenizer, prompt: str, *, max_new_tokens: int = 64, do
         raise ValueError(f"--max-new-tokens must be >= 1, got {max_new_tokens}")
     if do_sample and temperature <= 0:
         raise ValueError(f"--temperature must be > 0 when sampling, got {temperature} (use --greedy instead)")
+    if top_k < 0:
+        raise ValueError(f"--top-k must be >= 0 (0 turns it off), got {top_k}")
+    if not 0 < top_p <= 1:
+        raise ValueError(f"--top-p must be in (0, 1] (1 turns it off), got {top_p}")
+    if repetition_penalty <= 0:
+        raise ValueError(f"--repetition-penalty must be > 0 (1 is none), got {repetition_penalty}")
+    if num_return_sequences < 1:
+        raise ValueError(f"--num-return-sequences must be >= 1, got {num_return_sequences}")
+    if num_return_sequences > 1 and not do_sample:
+        raise ValueError(f"--num-return-sequences {num_return_sequences} needs sampling: greedy decoding gives one "
+                         "continuation (drop --greedy, or ask for 1)")
     if seed is not None:
         torch.manual_seed(seed)
     device = next(model.parameters()).device

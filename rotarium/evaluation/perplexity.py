@@ -39,6 +39,10 @@ def perplexity_by_context(model, tokens: torch.Tensor, context_lengths: list[int
         raise ValueError(f"tokens must be 1-D, got shape {tuple(tokens.shape)}")
     if not context_lengths or any(not isinstance(L, int) or L < 2 for L in context_lengths):
         raise ValueError(f"context lengths must be integers >= 2, got {context_lengths}")
+    if max_tokens < 1:
+        raise ValueError(f"--max-tokens must be >= 1, got {max_tokens}")
+    if batch_size < 1:
+        raise ValueError(f"--batch-size must be >= 1, got {batch_size}")
     device = next(model.parameters()).device
     was_training = model.training
     model.eval()

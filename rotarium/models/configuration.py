@@ -7,7 +7,10 @@ repeats a shared field only to change its default (``TransformerConfig.position_
 """
 from __future__ import annotations
 
+import difflib
 import inspect
+from collections.abc import Collection, Iterable
+from functools import cache
 from typing import Any, ClassVar
 
 import torch
@@ -21,6 +24,13 @@ POSITIONAL_DEFAULTS = PositionalSettings()
 POSITIONAL_FIELDS = tuple(POSITIONAL_DEFAULTS.to_dict())
 # What every preset shares: untied embeddings, the Llama-2 / Mistral vocabulary, 24 layers.
 PRESET_BASE: dict[str, Any] = {"vocab_size": 32000, "num_hidden_layers": 24, "tie_word_embeddings": False}
+
+
+@cache
+def transformers_config_keys() -> frozenset[str]:
+    """The keys every transformers config has (``dtype``, ``architectures``, ...), which a config keeps but which are
+    not rotarium fields."""
+    return frozenset(PretrainedConfig().to_dict())
 
 
 class RotariumConfig(PretrainedConfig):
@@ -187,7 +197,26 @@ class RotariumConfig(PretrainedConfig):
             raise ValueError(f"unknown preset {name!r}; choose one of {names}")
         if cls is not RotariumConfig and owner is not cls:
             raise ValueError(f"preset {name!r} is a {owner.family} model, not {cls.family}; use {owner.__name__}")
+        # a mistyped override would otherwise be kept as an unused attribute and the preset's value used in silence
+        owner.check_field_names(overrides, kind="override", transformers_keywords_too=True)
         return owner(**{**PRESET_BASE, **owner.presets[name], **overrides})
+
+    @classmethod
+    def check_field_names(cls, keys: Iterable[str], *, kind: str = "field", prefix: str = "",
+                          transformers_keywords_too: bool = False, unlisted: Collection[str] = ()) -> None:
+        """Raises ``ValueError`` for the first of ``keys`` that is not a field of this class (nor, with
+        ``transformers_keywords_too``, one of ``PretrainedConfig``'s own keys such as ``dtype``), naming the closest
+        fields first and then every other one but ``unlisted``. ``prefix`` is how the caller's user spells the key's
+        parent (e.g. ``model.options.``)."""
+        names = cls.field_names()
+        for key in keys:
+            if key in names or (transformers_keywords_too and key in transformers_config_keys()):
+                continue
+            close = difflib.get_close_matches(key, names, n=3, cutoff=0.6)
+            ordered = close + sorted(n for n in names if n not in close and n not in unlisted)
+            hint = f"did you mean {' or '.join(close)}? " if close else ""
+            raise ValueError(f"unknown {kind} `{prefix}{key}` for a {cls.family} model; {hint}"
+                             f"the options are {', '.join(ordered)}")
 
     @classmethod
     def field_names(cls) -> list[str]:

@@ -4,7 +4,6 @@ by ``--section.key value`` pairs from the command line. Unknown keys and values 
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import functools
 import types
 import typing
@@ -273,16 +272,10 @@ def check_model_options(m: ModelSection) -> None:
         raise ValueError(f"`model.options` ({', '.join(m.options)}) cannot be combined with `--init-from "
                          f"{m.init_from}`: the checkpoint's own config is used")
     family = PRESETS[m.preset][0] if m.preset is not None else m.family
-    names = CONFIGS[family].field_names()
     for key in m.options:
         if key in SET_BY_RUN:
             raise ValueError(f"`model.options.{key}` is set by {SET_BY_RUN[key]}, not as an option")
-        if key not in names:
-            close = difflib.get_close_matches(key, names, n=3, cutoff=0.6)
-            ordered = close + sorted(n for n in names if n not in close and n not in SET_BY_RUN)
-            hint = f"did you mean {' or '.join(close)}? " if close else ""
-            raise ValueError(f"unknown model option `model.options.{key}` for a {family} model; {hint}"
-                             f"the options are {', '.join(ordered)}")
+    CONFIGS[family].check_field_names(m.options, kind="model option", prefix="model.options.", unlisted=SET_BY_RUN)
 
 
 def parse_overrides(tokens: list[str]) -> dict[str, str]:

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 import rotarium
+from rotarium.evaluation.generate import generate_text
 from rotarium.evaluation.perplexity import perplexity_by_context
 
 from .conftest import ROOT, ok, run_child
@@ -29,6 +30,25 @@ def test_perplexity_is_the_mean_loss_over_windows():
     assert by_length[64]["windows"] == 1 and by_length[128]["windows"] == 0 and by_length[128]["loss"] is None
     with pytest.raises(ValueError, match="context lengths"):
         perplexity_by_context(model, tokens, [1])
+    with pytest.raises(ValueError, match="--batch-size must be >= 1, got 0"):
+        perplexity_by_context(model, tokens, [16], batch_size=0)
+    with pytest.raises(ValueError, match="--max-tokens must be >= 1, got -5"):
+        perplexity_by_context(model, tokens, [16], max_tokens=-5)
+
+
+@pytest.mark.parametrize("options, message", [
+    ({"top_p": 0.0}, r"--top-p must be in \(0, 1\]"),
+    ({"top_p": 1.5}, r"--top-p must be in \(0, 1\]"),
+    ({"top_k": -1}, "--top-k must be >= 0"),
+    ({"repetition_penalty": 0.0}, "--repetition-penalty must be > 0"),
+    ({"num_return_sequences": 0}, "--num-return-sequences must be >= 1"),
+    ({"num_return_sequences": 2, "do_sample": False}, "needs sampling"),
+    ({"max_new_tokens": 0}, "--max-new-tokens must be >= 1"),
+])
+def test_generation_settings_that_cannot_work_are_refused_naming_the_flag(options, message):
+    # checked before the tokenizer or the model is touched
+    with pytest.raises(ValueError, match=message):
+        generate_text(None, None, "x", **options)
 
 
 def test_eval_writes_table_and_plot(reference, tmp_path):
