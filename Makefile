@@ -1,5 +1,7 @@
-# The CPU build of torch is pinned here (and only here): an unpinned torch pulls a CUDA build
-# with gigabytes of NVIDIA libraries. The package itself accepts any recent torch.
+# The torch of the tests and CI is pinned here (and only here): an unpinned torch pulls a CUDA build with gigabytes
+# of NVIDIA libraries. The pin names the version the project's machines serve as a CPU wheel; elsewhere, point it at
+# PyTorch's CPU index: make install TORCH_CPU="torch --index-url https://download.pytorch.org/whl/cpu".
+# The package itself accepts any recent torch.
 PYTHON ?= python3
 TORCH_CPU ?= torch==2.13.0
 

@@ -3,8 +3,8 @@ import os
 import pytest
 import torch
 
-# Under pytest-xdist every worker gets one thread: two workers x two threads on two cores thrash, and the
-# step-by-step oracles slow down by an order of magnitude when threads fight.
+# Under pytest-xdist every worker gets one thread: with more threads than cores the workers' threads fight, and the
+# step-by-step oracles, which run many tiny ops, slow down most.
 if os.environ.get("PYTEST_XDIST_WORKER"):
     torch.set_num_threads(1)
 

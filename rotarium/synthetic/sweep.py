@@ -338,8 +338,7 @@ def markdown_report(rows: list[dict[str, Any]], command: str | None = None, seed
             + f"; seeds {', '.join(map(str, seeds))}. Wall time per run (training and evaluation, one thread; "
             f"longer on a shared CPU): median "
             f"{statistics.median(seconds):.0f} s (min-max {min(seconds):.0f}-{max(seconds):.0f}); "
-            f"{sum(seconds) / 60:.0f} min for the {len(runs)} runs one after another (a sweep runs two at a time on "
-            "two cores).", ""]
+            f"{sum(seconds) / 60:.0f} min for the {len(runs)} runs one after another.", ""]
     complete = units is not None and len(runs) >= len(units)
     out += [(f"Status: **complete**, all {len(runs)} runs." if complete else
              f"Status: **partial**, {len(runs)} of {len(units or ())} runs; cells with fewer seeds say how many, and "

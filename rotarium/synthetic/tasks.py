@@ -126,8 +126,8 @@ class PaperSetting:
 class TaskSpec:
     """A task with its defaults: what a CPU run in minutes uses, and the reference's setting in ``paper``.
 
-    The defaults aim at a sweep (4 families x 4 options x 3 seeds, times ``sweep_lrs``) of about an hour on two CPU
-    cores (a sweep prints its timed estimate; docs/results.md has each table's), at a width where the families can
+    The defaults aim at a sweep (4 families x 4 options x 3 seeds, times ``sweep_lrs``) that a laptop's CPU runs
+    (a sweep prints its timed estimate; docs/results.md has each table's), at a width where the families can
     learn the task in distribution, so that the table compares positional options rather than models too small for
     the task (docs/results.md says which do).
     """
@@ -147,12 +147,6 @@ class TaskSpec:
     sweep_lrs: tuple[float, ...] = ()  # the learning rates a sweep tries (default: ``lr`` alone)
     length_unit: str = "tokens"
     paper: PaperSetting | None = None
-
-    def tokens_per_sequence(self, length: int, num_pairs: int | None = None) -> int:
-        """Tokens of the longest training sequence at ``length`` (what a training batch is padded to)."""
-        if self.name == "copying":
-            return 2 * length + 2
-        return length if self.name == "mqar" else length + 1
 
 
 # The reference's GLA keeps its key width equal to the model width in every synthetic config (expand_k 1, against

@@ -29,11 +29,12 @@ from rotarium.utils.argtypes import int_list
 from rotarium.utils.files import read_csv_rows, write_csv_atomic, write_text_atomic
 
 # Debian's python3-doc package (`apt-get install python3-doc`): Python's full documentation as reStructuredText,
-# about 24 times the embedded corpus.
+# many times the embedded corpus, so that long held-out documents exist at every length the table reads.
 PYTHON_DOCS = "/usr/share/doc/python3/html/_sources"
 # The command's training defaults over the training job's (4 layers, width 256, 4 heads, 16 x 128 tokens a step):
-# sized so that the 48 runs of three seeds fit an hour on two cores; a validation loss only at the start and the end
-# (the table scores the held-out documents itself), a checkpoint every 50 steps for resuming, one thread per run.
+# sized so that a whole table (4 families x 4 options x 3 seeds) is a CPU job; a validation loss only at the start
+# and the end (the table scores the held-out documents itself), a checkpoint every 50 steps for resuming, one thread
+# per run.
 DEFAULTS = {"train.max_steps": 100, "train.save_every": 50, "train.eval_every": 1_000_000, "train.num_threads": 1,
             "train.keep_checkpoints": 1, "data.max_validation_tokens": 8192, "train.eval_batches": 4}
 CSV_FIELDS = ("family", "position", "seed", "context_length", "loss", "perplexity", "windows", "tokens",
@@ -274,8 +275,7 @@ def markdown_report(rows: list[dict[str, Any]], command: str | None, corpus: str
             f"{', '.join(map(str, seeds))}. Wall time per run (training and evaluation, one thread; longer on a "
             f"shared CPU): median "
             f"{statistics.median(seconds) / 60:.1f} min (min-max {min(seconds) / 60:.1f}-{max(seconds) / 60:.1f}); "
-            f"{sum(seconds) / 60:.0f} min for the {len(runs)} runs one after another (a sweep runs two at a time on "
-            "two cores)."), "",
+            f"{sum(seconds) / 60:.0f} min for the {len(runs)} runs one after another."), "",
             (f"Status: **complete**, all {len(runs)} runs." if len(runs) >= units else
              f"Status: **partial**, {len(runs)} of {units} runs; cells with fewer seeds say how many."), "",
             ("Cells: perplexity on each run's held-out documents, median over seeds [min-max]; the same tokens are "

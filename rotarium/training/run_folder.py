@@ -114,8 +114,8 @@ def latest_checkpoint(run_dir: str | os.PathLike) -> Path | None:
 
 
 def is_good(checkpoint: Path) -> bool:
-    """The checkpoint's verdict (:mod:`rotarium.training.guard`); one written before verdicts were recorded counts
-    as good, as it did then."""
+    """The checkpoint's verdict (:mod:`rotarium.training.guard`); a checkpoint with no recorded verdict counts as
+    good."""
     return read_trainer_state(checkpoint).get("good", True)
 
 
