@@ -11,8 +11,12 @@ from __future__ import annotations
 import itertools
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 
 @dataclass
@@ -41,13 +45,13 @@ def pack(token_lists: Iterable[list[int]], seq_len: int, eos_id: int) -> Iterato
             starts = [s - seq_len for s in starts if s - seq_len >= 0]
 
 
-def tokenize(tokenizer, documents: Iterable[str], batch: int = 256) -> Iterator[list[int]]:
+def tokenize(tokenizer: PreTrainedTokenizerBase, documents: Iterable[str], batch: int = 256) -> Iterator[list[int]]:
     iterator = iter(documents)
     while chunk := list(itertools.islice(iterator, batch)):
         yield from tokenizer(chunk, add_special_tokens=False)["input_ids"]
 
 
-def pack_all(tokenizer, documents: Iterable[str], seq_len: int, what: str) -> PackedSequences:
+def pack_all(tokenizer: PreTrainedTokenizerBase, documents: Iterable[str], seq_len: int, what: str) -> PackedSequences:
     rows, starts = [], []
     for tokens, doc_starts in pack(tokenize(tokenizer, documents), seq_len, tokenizer.eos_token_id):
         rows.append(tokens)

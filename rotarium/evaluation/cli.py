@@ -4,13 +4,17 @@ from __future__ import annotations
 import argparse
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from rotarium.utils.argtypes import int_list
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 
 
-def load_for(args: argparse.Namespace):
+def load_for(args: argparse.Namespace) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     """``(model, tokenizer)`` on ``--device`` in ``--dtype``: "auto" is bfloat16 on CUDA, where fla's kernels
     (the delta rule's, in particular, which refuse float32) serve it, and float32 elsewhere."""
     import torch
@@ -63,7 +67,7 @@ def run_generate(args: argparse.Namespace) -> int:
     return 0
 
 
-def add_commands(subparsers) -> None:
+def add_commands(subparsers: argparse._SubParsersAction) -> None:
     ev = subparsers.add_parser(
         "eval", help="validation perplexity at several context lengths (table + PNG)",
         description="Perplexity of a checkpoint at several context lengths, including lengths beyond the training "

@@ -2,11 +2,16 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-def load_checkpoint(path: str, device: str | None = None, dtype: torch.dtype | None = None):
+
+def load_checkpoint(path: str, device: str | None = None, dtype: torch.dtype | None = None
+                    ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     """``(model, tokenizer)`` from a ``save_pretrained`` folder or Hub id, through the Auto classes."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -28,9 +33,10 @@ def load_checkpoint(path: str, device: str | None = None, dtype: torch.dtype | N
 
 
 @torch.no_grad()
-def generate_text(model, tokenizer, prompt: str, *, max_new_tokens: int = 64, do_sample: bool = True,
-                  temperature: float = 0.8, top_k: int = 50, top_p: float = 0.95, repetition_penalty: float = 1.0,
-                  num_return_sequences: int = 1, seed: int | None = 0) -> list[str]:
+def generate_text(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, prompt: str, *,
+                  max_new_tokens: int = 64, do_sample: bool = True, temperature: float = 0.8, top_k: int = 50,
+                  top_p: float = 0.95, repetition_penalty: float = 1.0, num_return_sequences: int = 1,
+                  seed: int | None = 0) -> list[str]:
     """Continuations of ``prompt`` (prompt included), sampled (or greedy with ``do_sample=False``)."""
     if max_new_tokens < 1:
         raise ValueError(f"--max-new-tokens must be >= 1, got {max_new_tokens}")

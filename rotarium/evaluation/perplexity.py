@@ -11,7 +11,7 @@ import json
 import math
 import os
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -19,8 +19,11 @@ from rotarium.data.config import DEFAULT_SEED, DataSection
 from rotarium.data.documents import held_out_documents, iter_documents
 from rotarium.utils.files import write_json_atomic
 
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-def stream_tokens(tokenizer, texts: list[str]) -> torch.Tensor:
+
+def stream_tokens(tokenizer: PreTrainedTokenizerBase, texts: list[str]) -> torch.Tensor:
     ids: list[int] = []
     for text in texts:
         ids.extend(tokenizer("\n\n" + text if ids else text, add_special_tokens=False)["input_ids"])
@@ -28,8 +31,8 @@ def stream_tokens(tokenizer, texts: list[str]) -> torch.Tensor:
 
 
 @torch.no_grad()
-def perplexity_by_context(model, tokens: torch.Tensor, context_lengths: list[int], *, max_tokens: int = 65536,
-                          batch_size: int = 8, progress: bool = True) -> list[dict[str, Any]]:
+def perplexity_by_context(model: PreTrainedModel, tokens: torch.Tensor, context_lengths: list[int], *,
+                          max_tokens: int = 65536, batch_size: int = 8, progress: bool = True) -> list[dict[str, Any]]:
     """``tokens`` ``[N]``: for each L in ``context_lengths``, the mean loss over windows of L tokens of the first
     ``max_tokens`` (rounded down to whole windows; at least one window). Rows: context_length, windows, tokens,
     loss, perplexity. Lengths longer than the text are reported with ``windows = 0``."""

@@ -155,7 +155,8 @@ class GatedLinearAttention(LinearAttentionMixer):
                                      nn.Linear(gate_low_rank_dim, (self.head_k_dim - self.tied_pairs) * num_heads,
                                                bias=True))
 
-    def mix(self, enc, x, seq, recurrent, use_cache):
+    def mix(self, enc: Encoded, x: torch.Tensor, seq: SequenceInfo, recurrent: torch.Tensor | None,
+            use_cache: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
         B, T, _ = x.shape
         g = F.logsigmoid(self.gk_proj(x).float()) / self.gate_logit_normalizer
         g = g.view(B, T, self.num_heads, self.head_k_dim - self.tied_pairs)
@@ -202,10 +203,11 @@ class DeltaNet(LinearAttentionMixer):
             for name, value in self.special_init().items():
                 getattr(self, name).copy_(value)
 
-    def prepare_qk(self, q, k):
+    def prepare_qk(self, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         return l2norm(q), l2norm(k)
 
-    def mix(self, enc, x, seq, recurrent, use_cache):
+    def mix(self, enc: Encoded, x: torch.Tensor, seq: SequenceInfo, recurrent: torch.Tensor | None,
+            use_cache: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
         beta = seq.zero_padding(torch.sigmoid(self.b_proj(x).float()))
         if self.use_gated_delta:
             g = -self.A_log.float().exp() * F.softplus(self.a_proj(x).float() + self.dt_bias.float())

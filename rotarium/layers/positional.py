@@ -186,7 +186,8 @@ def build_positional(settings: PositionalSettings, dims: HeadDims) -> Positional
 class NoPE(PositionalEncoding):
     kind = "nope"
 
-    def forward(self, q, k, v, x, seq, state):
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, x: torch.Tensor, seq: SequenceInfo,
+                state: dict | None) -> Encoded:
         return Encoded(q, k, v, None, {})
 
 
@@ -229,7 +230,8 @@ class RoPE(PositionalEncoding):
         device, and a fresh copy per layer and step would be a host-to-device transfer each time."""
         return _frequencies_on(dim, float(self.settings.rope_theta), torch.device(device))
 
-    def forward(self, q, k, v, x, seq, state):
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, x: torch.Tensor, seq: SequenceInfo,
+                state: dict | None) -> Encoded:
         positions, new_state = self.positions(seq, state)
         angles = positions * self.frequencies(self._rotary_dim, q.device)
         return Encoded(*rotate_half_pairs(angles, q, k, heads_major=self.dims.heads_major), v, None, new_state)
@@ -248,7 +250,8 @@ class RoVE(RoPE):
         if dims.head_v_dim % 2:
             raise ValueError(f"RoVE rotates value pairs: the value head size must be even, got {dims.head_v_dim}")
 
-    def forward(self, q, k, v, x, seq, state):
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, x: torch.Tensor, seq: SequenceInfo,
+                state: dict | None) -> Encoded:
         positions, new_state = self.positions(seq, state)
         qk_angles = positions * self.frequencies(self._rotary_dim, q.device)
         v_angles = positions * self.frequencies(self.dims.head_v_dim, q.device)
@@ -368,7 +371,8 @@ class SelectiveRoPE(PositionalEncoding):
     def rotary_dim(self) -> int:
         return 2 * self.pairs
 
-    def angle_rates(self, x: torch.Tensor, seq: SequenceInfo, conv_state: torch.Tensor | None):
+    def angle_rates(self, x: torch.Tensor, seq: SequenceInfo, conv_state: torch.Tensor | None
+                    ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
         """From the layer input x ``[B, T, d]``: ``omega`` ``[B, T, H_kv, K/2]`` float32, the log decay the layer adds
         ``[B, T, H]`` float32 (None where it adds none), both zero on padding, and the new convolution window."""
         B, T, _ = x.shape
@@ -390,7 +394,8 @@ class SelectiveRoPE(PositionalEncoding):
             omega = omega * torch.sigmoid(self.phase_proj(xh.reshape(B, T, -1)).float())[..., None]
         return seq.zero_padding(omega), log_decay, conv_state
 
-    def forward(self, q, k, v, x, seq, state):
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, x: torch.Tensor, seq: SequenceInfo,
+                state: dict | None) -> Encoded:
         state = state or {}
         omega, log_decay, conv_state = self.angle_rates(x, seq, state.get("conv"))
         theta = segment_cumsum(omega, seq.cu_seqlens)

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import ClassVar, NamedTuple
+from typing import TYPE_CHECKING, ClassVar, NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -31,6 +31,9 @@ try:  # transformers >= 5: init functions that skip tensors already loaded from 
     from transformers import initialization as init
 except ImportError:  # pragma: no cover
     from torch.nn import init
+
+if TYPE_CHECKING:
+    import os
 
 # transformers renamed the cache field of model outputs from `past_key_values` to `cache` during v5
 CACHE_FIELD = "cache" if "cache" in {f.name for f in dataclasses.fields(CausalLMOutputWithPast)} else "past_key_values"
@@ -76,7 +79,7 @@ class RotariumPreTrainedModel(PreTrainedModel):
                     module.get_buffer(name)
                 init.copy_(target, value.to(dtype=target.dtype, device=target.device))
 
-    def save_pretrained(self, save_directory, *args, **kwargs):
+    def save_pretrained(self, save_directory: str | os.PathLike, *args, **kwargs) -> None:
         """transformers' ``save_pretrained`` (``push_to_hub`` goes through it), plus a self-contained copy of the
         model code and an ``auto_map`` in ``config.json``: the folder also loads with
         ``AutoModelForCausalLM.from_pretrained(folder, trust_remote_code=True)`` where rotarium is not installed."""
@@ -86,7 +89,7 @@ class RotariumPreTrainedModel(PreTrainedModel):
             prepare_save(self.config, tuple(c.__name__ for c in FAMILY_MODELS[self.config.family]), save_directory)
         return super().save_pretrained(save_directory, *args, **kwargs)
 
-    def post_init(self):
+    def post_init(self) -> None:
         for name, module in self.named_modules():
             if name.rsplit(".", 1)[-1] in RESIDUAL_PROJECTIONS:
                 module.is_residual_projection = True

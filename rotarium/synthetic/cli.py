@@ -6,6 +6,7 @@ import json
 import os
 import shlex
 import sys
+from collections.abc import Callable
 
 import yaml
 
@@ -31,7 +32,7 @@ examples:
 """
 
 
-def choice_list(choices: tuple[str, ...]):
+def choice_list(choices: tuple[str, ...]) -> Callable[[str], list[str]]:
     def parse(text: str) -> list[str]:
         values = [v.strip() for v in text.split(",") if v.strip()]
         bad = [v for v in values if v not in choices]
@@ -98,7 +99,7 @@ def _common(parser: argparse.ArgumentParser, sweep: bool = False) -> None:
     parser.set_defaults(families=FAMILIES, positions=POSITIONS)
 
 
-def add_commands(subparsers) -> None:
+def add_commands(subparsers: argparse._SubParsersAction) -> None:
     from rotarium.synthetic.runner import FAMILIES, POSITIONS
     from rotarium.synthetic.tasks import TASKS
 

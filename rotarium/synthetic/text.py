@@ -21,12 +21,15 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rotarium.synthetic.runner import FAMILIES, POSITIONS, seconds_per_call
 from rotarium.synthetic.sweep import verdict
 from rotarium.utils.argtypes import int_list
 from rotarium.utils.files import read_csv_rows, write_csv_atomic, write_text_atomic
+
+if TYPE_CHECKING:
+    from rotarium.training.config import Config
 
 # Debian's python3-doc package (`apt-get install python3-doc`): Python's full documentation as reStructuredText,
 # many times the embedded corpus, so that long held-out documents exist at every length the table reads.
@@ -57,7 +60,7 @@ def _run_name(unit: Unit) -> str:
     return f"{unit.family}-{unit.position}-seed{unit.seed}"
 
 
-def unit_config(overrides: dict[str, Any], unit: Unit, tokenizer: Path):
+def unit_config(overrides: dict[str, Any], unit: Unit, tokenizer: Path) -> Config:
     from rotarium.training.config import load_config
 
     return load_config(None, {**DEFAULTS, **overrides, "model.family": unit.family,
@@ -65,7 +68,7 @@ def unit_config(overrides: dict[str, Any], unit: Unit, tokenizer: Path):
                               "tokenizer.name": str(tokenizer), "eval.run_after": False})
 
 
-def settings_key(config) -> str:
+def settings_key(config: Config) -> str:
     """What the runs of one table share, as the CSV writes it: every config value but the unit's own."""
     flat = {f"{section}.{k}": v for section, values in config.to_dict().items() for k, v in values.items()}
     for key in ("model.family", "model.position_encoding", "train.seed", "train.num_threads", "tokenizer.name",
@@ -137,7 +140,7 @@ def _worker(args: tuple) -> list[dict[str, Any]]:
     return train_and_score(*args)
 
 
-def seconds_per_step(config, tokenizer: Path, steps: int = 3, warmup: int = 1) -> float:
+def seconds_per_step(config: Config, tokenizer: Path, steps: int = 3, warmup: int = 1) -> float:
     """A training step's wall time for ``config`` on one thread: a batch of random tokens through the model with
     labels, backward and AdamW."""
     import torch
@@ -372,7 +375,7 @@ def extrapolation_sweep(overrides: dict[str, Any], output_dir: str | os.PathLike
 
 
 # ---------------------------------------------------------------------------------------------------------- CLI
-def add_commands(subparsers) -> None:
+def add_commands(subparsers: argparse._SubParsersAction) -> None:
     from rotarium.synthetic.cli import choice_list
 
     parser = subparsers.add_parser(

@@ -15,10 +15,14 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
 from rotarium.training.config import TrainSection
+
+if TYPE_CHECKING:
+    from accelerate import Accelerator
 
 
 def has_accelerator() -> bool:
@@ -39,7 +43,7 @@ def fsdp_requested() -> bool:
     return os.environ.get("ACCELERATE_USE_FSDP", "false").lower() in ("1", "true")
 
 
-def make_accelerator(train: TrainSection, project_dir: str | os.PathLike):
+def make_accelerator(train: TrainSection, project_dir: str | os.PathLike) -> Accelerator:
     """The accelerator of a run from its ``train`` section and the launch's environment (see the module docstring)."""
     from accelerate import Accelerator
 

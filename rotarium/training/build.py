@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -23,8 +24,12 @@ from rotarium.training.config import Config
 from rotarium.training.run_folder import TOKENIZER
 from rotarium.utils.files import write_folder_atomic
 
+if TYPE_CHECKING:
+    from accelerate import Accelerator
+    from transformers import PreTrainedTokenizerBase
 
-def build_model(config: Config, tokenizer) -> torch.nn.Module:
+
+def build_model(config: Config, tokenizer: PreTrainedTokenizerBase) -> torch.nn.Module:
     """A fresh model from ``config.model`` (preset or explicit sizes), or the ``init_from`` checkpoint."""
     from transformers import AutoModelForCausalLM
 
@@ -59,7 +64,8 @@ def build_model(config: Config, tokenizer) -> torch.nn.Module:
     return FAMILY_MODELS[model_config.family].lm(model_config)
 
 
-def prepare_tokenizer(config: Config, run_dir: Path, documents: list[str] | None, accelerator):
+def prepare_tokenizer(config: Config, run_dir: Path, documents: list[str] | None, accelerator: Accelerator
+                      ) -> PreTrainedTokenizerBase:
     """The run's tokenizer: the one saved in the run folder (resume), else ``tokenizer.name``, else the
     ``init_from`` checkpoint's, else a BPE trained on the training documents by the main process."""
     saved = run_dir / TOKENIZER
@@ -100,7 +106,7 @@ def accumulation_steps(config: Config, world: int) -> int:
     return t.global_batch_size // per_step
 
 
-def prepare_data(config: Config, tokenizer, world: int, rank: int, start_step: int,
+def prepare_data(config: Config, tokenizer: PreTrainedTokenizerBase, world: int, rank: int, start_step: int,
                  documents: list[str] | None) -> RunData:
     """This process's training batches from ``start_step`` on and its share of the validation batches.
     ``documents``: the whole corpus when it is already read (not streaming)."""

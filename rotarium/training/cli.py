@@ -7,7 +7,10 @@ import json
 import math
 import textwrap
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from rotarium.training.trainer import Trainer
 
 USAGE_NOTES = """\
 With no arguments: the embedded default, a small Selective RoPE GLA trained on the standard library's
@@ -53,7 +56,7 @@ def config_help() -> str:
     return "\n".join(lines) + "\n\n" + USAGE_NOTES
 
 
-def add_commands(subparsers) -> None:
+def add_commands(subparsers: argparse._SubParsersAction) -> None:
     from rotarium.training.config import recipe_names
 
     train = subparsers.add_parser(
@@ -127,7 +130,7 @@ def run_train(args: argparse.Namespace) -> int:
         trainer.close()
 
 
-def evaluate_and_sample(trainer, final_dir: Path) -> None:
+def evaluate_and_sample(trainer: Trainer, final_dir: Path) -> None:
     """Perplexity against context length on the held-out documents, and one sample, with the final weights."""
     from rotarium.evaluation.generate import generate_text
     from rotarium.evaluation.perplexity import format_table, perplexity_by_context, save_results, stream_tokens

@@ -270,7 +270,10 @@ def chunk_gated_delta_rule_torch(
     cu_seqlens: torch.Tensor | None,
     cu_seqlens_cpu: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """PyTorch path of every delta-rule op (validated inputs; g None means no decay)."""
+    """PyTorch path of every delta-rule op (validated inputs; g None means no decay).
+
+    Shapes and arguments as :func:`chunk_gated_delta_rule`.
+    """
     q, k = q.float(), k.float()
     if use_qk_l2norm_in_kernel:
         q, k = l2norm(q), l2norm(k)
