@@ -182,7 +182,8 @@ def _apply(config: Config, key: str, value: Any) -> None:
         section.options[".".join(parts[2:])] = _yaml(value, f"`{key}`: {value!r}") if isinstance(value, str) else value
         return
     if len(parts) > 2:
-        raise ValueError(f"unknown config key `{key}`")
+        raise ValueError(f"unknown config key `{key}`: `{parts[0]}.{parts[1]}` takes one value; only "
+                         "`model.options.NAME` has a third part")
     setattr(section, parts[1], _coerce(key, value, field_types(type(section))[parts[1]]))
 
 

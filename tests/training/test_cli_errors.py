@@ -23,6 +23,8 @@ CASES = {
     "text too short": (["--data.source", "{tiny.txt}", "--data.seq_len", "512"], ["too short", "data.seq_len=512"]),
     "unknown preset": (["--model.preset", "gla-7b"], ["unknown preset", "gla-7b", "gla-370m"]),
     "unknown key": (["--optim.lrr", "1"], ["unknown config key", "optim.lrr", "lr"]),
+    "key too deep": (["--optim.lr.warmup", "1"], ["unknown config key", "`optim.lr` takes one value",
+                                                  "model.options.NAME"]),
     "wrong type": (["--train.max_steps", "many"], ["train.max_steps", "int", "'many'"]),
 }
 
