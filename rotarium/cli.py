@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 
 COMMAND_MODULES = (
@@ -40,9 +41,38 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         return int(args.func(args) or 0)
-    except ValueError as error:  # bad input: a clear message, no traceback
-        print(f"rotarium {args.command}: error: {error}", file=sys.stderr)
+    except KeyboardInterrupt:
+        print(f"rotarium {args.command}: interrupted", file=sys.stderr)
+        return 130  # the shell's code for a command ended by SIGINT
+    except expected_errors() as error:
+        if os.environ.get("ROTARIUM_TRACEBACK"):
+            raise
+        print(f"rotarium {args.command}: error: {describe(error)}", file=sys.stderr)
         return 2
+
+
+def expected_errors() -> tuple[type[BaseException], ...]:
+    """What bad input or the machine raises, as opposed to a bug: bad values (``ValueError``, which the commands
+    raise with a message naming the flag or file, and which JSON and Unicode decoding errors are), files that
+    cannot be read or written (``OSError``), a damaged weights file, a pickle ``weights_only`` refuses, a YAML file
+    that does not parse, and memory the device does not have."""
+    import pickle
+
+    import torch
+    import yaml
+    from safetensors import SafetensorError
+
+    return (ValueError, OSError, SafetensorError, pickle.UnpicklingError, yaml.YAMLError, torch.OutOfMemoryError)
+
+
+def describe(error: BaseException) -> str:
+    """``error``'s message on one line, prefixed by its kind where the message alone does not say it."""
+    message = " ".join(str(error).split()) or type(error).__name__
+    if isinstance(error, OSError) and error.filename is not None and str(error.filename) not in message:
+        message = f"{error.filename}: {message}"
+    if not isinstance(error, ValueError):
+        message = f"{type(error).__name__}: {message}"
+    return message
 
 
 if __name__ == "__main__":

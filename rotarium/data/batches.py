@@ -9,7 +9,8 @@ model's loss skips cross-document predictions). Which sequences make step ``s`` 
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable, Iterable, Iterator
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator, Sized
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -32,17 +33,31 @@ class PackedSequences:
 def pack(token_lists: Iterable[list[int]], seq_len: int, eos_id: int) -> Iterator[tuple[list[int], list[int]]]:
     """Concatenates documents (each ended by ``eos_id``) and cuts the stream into sequences of ``seq_len`` tokens,
     yielding ``(tokens, document starts inside the sequence)``; a document cut at a sequence end continues at the
-    start of the next one. The last partial sequence is dropped."""
+    start of the next one. The last partial sequence is dropped. Linear in the tokens, however long a document:
+    the buffer is read from a moving ``head`` and compacted only once the part already cut is its larger half."""
     buffer: list[int] = []
-    starts: list[int] = []
+    head = 0  # where the next sequence starts in ``buffer``
+    starts: deque[int] = deque()  # where documents start in ``buffer``, from the first at or after ``head``
     for ids in token_lists:
         starts.append(len(buffer))
         buffer.extend(ids)
         buffer.append(eos_id)
-        while len(buffer) >= seq_len:
-            yield buffer[:seq_len], [s for s in starts if 0 < s < seq_len]
-            buffer = buffer[seq_len:]
-            starts = [s - seq_len for s in starts if s - seq_len >= 0]
+        while len(buffer) - head >= seq_len:
+            end = head + seq_len
+            inside = []
+            for start in starts:
+                if start >= end:
+                    break
+                if start > head:
+                    inside.append(start - head)
+            yield buffer[head:end], inside
+            head = end
+            while starts and starts[0] <= head:  # a document starting at ``head`` starts the next sequence
+                starts.popleft()
+        if head and 2 * head >= len(buffer):
+            del buffer[:head]
+            starts = deque(s - head for s in starts)
+            head = 0
 
 
 def tokenize(tokenizer: PreTrainedTokenizerBase, documents: Iterable[str], batch: int = 256) -> Iterator[list[int]]:
@@ -52,7 +67,12 @@ def tokenize(tokenizer: PreTrainedTokenizerBase, documents: Iterable[str], batch
 
 
 def pack_all(tokenizer: PreTrainedTokenizerBase, documents: Iterable[str], seq_len: int, what: str) -> PackedSequences:
+    """Every sequence of ``documents`` (:func:`pack`), with a progress bar when it takes more than a moment."""
+    from tqdm.auto import tqdm
+
     rows, starts = [], []
+    documents = tqdm(documents, desc=f"tokenising and packing the {what} text", unit=" documents", delay=2,
+                     total=len(documents) if isinstance(documents, Sized) else None, leave=False)
     for tokens, doc_starts in pack(tokenize(tokenizer, documents), seq_len, tokenizer.eos_token_id):
         rows.append(tokens)
         starts.append(doc_starts)

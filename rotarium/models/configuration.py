@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import difflib
 import inspect
-from collections.abc import Collection, Iterable
+from collections.abc import Collection, Iterable, Mapping
 from functools import cache
 from typing import Any, ClassVar
 
@@ -217,6 +217,17 @@ class RotariumConfig(PretrainedConfig):
             hint = f"did you mean {' or '.join(close)}? " if close else ""
             raise ValueError(f"unknown {kind} `{prefix}{key}` for a {cls.family} model; {hint}"
                              f"the options are {', '.join(ordered)}")
+
+    @classmethod
+    def check_options(cls, options: Iterable[str], *, prefix: str, set_elsewhere: Mapping[str, str]) -> None:
+        """The check of a command's model options (``rotarium train``'s ``model.options``, ``rotarium synthetic``'s
+        ``--option``): each is a field (:meth:`check_field_names`) and none is one the command sets itself
+        (``set_elsewhere`` maps those fields to the setting that sets them), so that a mistyped option stops the
+        command instead of being ignored and recorded as if it had been used."""
+        for key in options:
+            if key in set_elsewhere:
+                raise ValueError(f"`{prefix}{key}` is set by {set_elsewhere[key]}, not as an option")
+        cls.check_field_names(options, kind="model option", prefix=prefix, unlisted=set_elsewhere)
 
     @classmethod
     def field_names(cls) -> list[str]:

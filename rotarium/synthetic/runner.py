@@ -20,9 +20,17 @@ import torch.nn.functional as F
 from rotarium.synthetic.tasks import IGNORE, TASKS, make_batch
 from rotarium.training.config import OptimSection
 from rotarium.training.optim import build_optimizer, clip_norm, set_learning_rate
+from rotarium.utils.devices import check_device
 
 FAMILIES = ("gla", "fox", "deltanet", "transformer")
 POSITIONS = ("nope", "rope", "rove", "selective_rope")
+
+
+# Model-config fields a synthetic run sets from its own flags or its task: an --option naming one would conflict.
+SET_BY_RUN = {"vocab_size": "the task (--vocab-size for mqar)", "hidden_size": "--hidden-size",
+              "num_hidden_layers": "--layers", "num_heads": "--heads", "position_encoding": "--position",
+              "max_position_embeddings": "--train-length", "pad_token_id": "the task", "bos_token_id": "the task",
+              "eos_token_id": "the task", "use_cache": "the run"}
 
 
 @dataclass
@@ -86,6 +94,10 @@ class RunSettings:
                      "eval_lengths", "num_pairs", "vocab_size"):
             if values[name] is None:
                 values[name] = getattr(spec, name)
+        from rotarium.models.configuration import CONFIGS
+
+        CONFIGS[values["family"]].check_options(values["model_options"], prefix="--option ",
+                                                set_elsewhere=SET_BY_RUN)
         out = RunSettings(**values)
         for name in ("num_layers", "hidden_size", "num_heads", "steps", "batch_size", "train_length",
                      "eval_batches"):
@@ -93,6 +105,7 @@ class RunSettings:
                 raise ValueError(f"--{name.replace('_', '-')} must be a positive integer, got {getattr(out, name)}")
         if not out.eval_lengths or min(out.eval_lengths) < 1:
             raise ValueError(f"--eval-lengths must be positive integers, got {out.eval_lengths}")
+        check_device(out.device)
         return out
 
 

@@ -25,7 +25,8 @@ from rotarium.synthetic.runner import (
     train_and_evaluate,
 )
 from rotarium.synthetic.tasks import TASKS
-from rotarium.utils.files import read_csv_rows, write_csv_atomic, write_text_atomic
+from rotarium.utils.files import check_writable_folder, read_csv_rows, write_csv_atomic, write_text_atomic
+from rotarium.utils.plots import save_figure
 
 SEEDS = (0, 1, 2)
 CSV_FIELDS = ("task", "family", "position", "eval_length", "accuracy", "sequence_accuracy", "train_length",
@@ -456,8 +457,7 @@ def plot(rows: list[dict[str, Any]], path: Path) -> None:
         axes[0][-1].legend(handles=handles, fontsize=8)
         fig.suptitle(f"{task} (dashed: training length {train_length})")
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    save_figure(fig, path)
 
 
 def sweep(base: RunSettings, output_dir: str | os.PathLike, *, families: tuple[str, ...] = FAMILIES,
@@ -470,6 +470,7 @@ def sweep(base: RunSettings, output_dir: str | os.PathLike, *, families: tuple[s
     ``report_only``: trains nothing, writes the table of the runs already finished (marked partial if some are not).
     """
     output_dir = Path(output_dir)
+    check_writable_folder(output_dir, "--output-dir")  # before the runs, whose rows it records as each ends
     output_dir.mkdir(parents=True, exist_ok=True)
     csv_path, md_path, png_path = (output_dir / f"{base.task}.{ext}" for ext in ("csv", "md", "png"))
     if not lrs:  # the task's sweep of learning rates, unless the run sets one (or --paper sets the reference's)

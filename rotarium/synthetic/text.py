@@ -26,7 +26,8 @@ from typing import TYPE_CHECKING, Any
 from rotarium.synthetic.runner import FAMILIES, POSITIONS, seconds_per_call
 from rotarium.synthetic.sweep import verdict
 from rotarium.utils.argtypes import int_list
-from rotarium.utils.files import read_csv_rows, write_csv_atomic, write_text_atomic
+from rotarium.utils.files import check_writable_folder, read_csv_rows, write_csv_atomic, write_text_atomic
+from rotarium.utils.plots import save_figure
 
 if TYPE_CHECKING:
     from rotarium.training.config import Config
@@ -347,8 +348,7 @@ def plot(rows: list[dict[str, Any]], path: Path) -> None:
     axes[0][-1].legend(fontsize=8)
     fig.suptitle(f"perplexity against context length (dashed: training length {L})")
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    save_figure(fig, path)
 
 
 def extrapolation_sweep(overrides: dict[str, Any], output_dir: str | os.PathLike, runs_dir: str | os.PathLike, *,
@@ -360,6 +360,8 @@ def extrapolation_sweep(overrides: dict[str, Any], output_dir: str | os.PathLike
         if key in overrides:
             raise ValueError(f"--{key} is set per run here; use --families, --positions or --seeds")
     output_dir, runs_dir = Path(output_dir), Path(runs_dir)
+    check_writable_folder(output_dir, "--output-dir")  # before the runs, whose rows it records as each ends
+    check_writable_folder(runs_dir, "--runs-dir")
     output_dir.mkdir(parents=True, exist_ok=True)
     runs_dir.mkdir(parents=True, exist_ok=True)
     units = [Unit(f, p, s) for s, f, p in itertools.product(seeds, families, positions)]

@@ -17,7 +17,7 @@ import socket
 from pathlib import Path
 from typing import Any
 
-from rotarium.utils.files import check_writable_folder
+from rotarium.utils.files import check_writable_folder, refuse_link
 
 LOCK = ".lock"
 
@@ -53,7 +53,11 @@ class RunLock:
 
     def _acquire(self) -> int:
         while True:
-            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+            try:  # the lock is written in place, so a link there would have it write into the link's target
+                fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
+            except OSError:
+                refuse_link(self.path, "the run folder's lock")
+                raise
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:

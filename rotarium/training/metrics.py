@@ -9,7 +9,8 @@ import math
 from pathlib import Path
 from typing import Any
 
-from rotarium.utils.files import read_jsonl, write_text_atomic
+from rotarium.utils.files import append_text, read_jsonl, refuse_link, write_text_atomic
+from rotarium.utils.plots import save_figure
 
 
 def strict_record(record: dict[str, Any]) -> dict[str, Any]:
@@ -34,8 +35,7 @@ def strict_record(record: dict[str, Any]) -> dict[str, Any]:
 
 def append_record(path: Path, record: dict[str, Any]) -> None:
     """Appends ``record`` to the JSON Lines file ``path`` as strict JSON (see the module docstring)."""
-    with path.open("a") as f:
-        f.write(json.dumps(strict_record(record), allow_nan=False) + "\n")
+    append_text(path, json.dumps(strict_record(record), allow_nan=False) + "\n")
 
 
 def _points(records: list[dict[str, Any]], key: str) -> list[tuple[int, float]]:
@@ -45,7 +45,9 @@ def _points(records: list[dict[str, Any]], key: str) -> list[tuple[int, float]]:
 
 
 def truncate_metrics(path: Path, start_step: int) -> None:
-    """On resume, drop what the killed run logged after its checkpoint, so the file reads as one run."""
+    """On resume, drop what the killed run logged after its checkpoint, so the file reads as one run. Called as a
+    run starts, so it also refuses a link in the file's place then, rather than at the first append."""
+    refuse_link(path, "the run's metrics")
     if not path.is_file():
         return
     kept = [r for r in read_jsonl(path) if 0 < r.get("step", 0) <= start_step or (start_step and not r["step"])]
@@ -72,5 +74,4 @@ def plot_loss_curve(metrics_path: Path, png: Path) -> None:
     ax.grid(alpha=0.3)
     ax.legend()
     fig.tight_layout()
-    fig.savefig(png, dpi=120)
-    plt.close(fig)
+    save_figure(fig, png)

@@ -24,23 +24,64 @@ def _umask() -> int:
     return mask
 
 
-def write_text_atomic(path: str | os.PathLike, text: str) -> None:
-    """Writes ``text`` (as given, no newline translation) to ``path`` through a synced temporary file in the same
-    folder, then renames it over ``path``; on failure the temporary file is removed and ``path`` is untouched. The
-    file gets the permissions a plain ``open`` would give it (the temporary file is private until renamed)."""
+def refuse_link(path: str | os.PathLike, what: str = "") -> None:
+    """Raises ``ValueError`` when ``path`` is a symbolic link. For the files rotarium opens in place (a lock, a log
+    it appends to) and the folders it writes into: writing through a link would change a file elsewhere, one the
+    link's maker chose."""
+    path = Path(path)
+    if path.is_symlink():
+        raise ValueError(f"{what + ' ' if what else ''}{path} is a symbolic link (to {os.readlink(path)}); rotarium "
+                         "never writes through a link: remove the link, or choose another folder")
+
+
+def make_folder(path: str | os.PathLike, what: str = "") -> Path:
+    """``path`` as an existing folder (created with its parents if needed), refusing a link in its place (see
+    :func:`refuse_link`): for the folders rotarium makes inside one it owns."""
+    path = Path(path)
+    refuse_link(path, what)
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def write_file_atomic(path: str | os.PathLike, write: Callable[[Path], object]) -> None:
+    """Calls ``write(tmp)`` on a new temporary file beside ``path``, syncs it and renames it over ``path``; on failure
+    the temporary file is removed and ``path`` is untouched. A link at ``path`` is replaced by the file, never
+    followed. The file gets the permissions a plain ``open`` would give it (the temporary file is private until
+    renamed). Every file rotarium writes goes through here."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         os.fchmod(fd, 0o666 & ~_umask())
-        with os.fdopen(fd, "w", encoding="utf-8", newline="") as f:
-            f.write(text)
-            f.flush()
+        os.close(fd)
+        write(Path(tmp))
+        with open(tmp, "rb+") as f:
             os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def write_text_atomic(path: str | os.PathLike, text: str) -> None:
+    """Writes ``text`` (as given, no newline translation) to ``path`` with :func:`write_file_atomic`."""
+    def write(tmp: Path) -> None:
+        with open(tmp, "w", encoding="utf-8", newline="") as f:
+            f.write(text)
+
+    write_file_atomic(path, write)
+
+
+def append_text(path: str | os.PathLike, text: str) -> None:
+    """Appends ``text`` to ``path`` (created if missing), refusing a link in its place (:func:`refuse_link`): a log
+    grows by appends, which cannot go through a rename."""
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o666)
+    except OSError:
+        refuse_link(path)
+        raise
+    with os.fdopen(fd, "a", encoding="utf-8", newline="") as f:
+        f.write(text)
 
 
 def write_csv_atomic(path: str | os.PathLike, rows: list[dict], fieldnames: Sequence[str]) -> None:

@@ -1,4 +1,6 @@
 import json
+import random
+import signal
 
 import pytest
 import torch
@@ -20,6 +22,42 @@ def test_pack_keeps_document_starts_and_continues_cut_documents():
     rows = list(pack(docs, seq_len=4, eos_id=2))
     # stream: 10 11 12 2 | 20 21 2 30 | 31 32 33 34 | (2 dropped)
     assert rows == [([10, 11, 12, 2], []), ([20, 21, 2, 30], [3]), ([31, 32, 33, 34], [])]
+
+
+def _pack_by_rescanning(token_lists, seq_len, eos_id):
+    """The plain statement of packing (re-slicing the buffer for every sequence), as the oracle."""
+    buffer, starts = [], []
+    for ids in token_lists:
+        starts.append(len(buffer))
+        buffer += [*ids, eos_id]
+        while len(buffer) >= seq_len:
+            yield buffer[:seq_len], [s for s in starts if 0 < s < seq_len]
+            buffer, starts = buffer[seq_len:], [s - seq_len for s in starts if s >= seq_len]
+
+
+def test_pack_matches_the_plain_statement_on_random_documents():
+    rng = random.Random(0)
+    for _ in range(300):
+        docs = [[rng.randrange(100) for _ in range(rng.choice([0, 1, 2, 3, 7, 15, 16, 17, 40, 100]))]
+                for _ in range(rng.randrange(1, 30))]
+        seq_len = rng.choice([1, 2, 3, 5, 8, 16, 33])
+        assert list(pack(docs, seq_len, -1)) == list(_pack_by_rescanning(docs, seq_len, -1))
+
+
+def test_pack_is_linear_in_a_long_document():
+    """A document of millions of tokens (a book with no newlines) packs in a time linear in its length; re-slicing
+    the buffer for every sequence was quadratic (minutes for this one). Stopped by an alarm rather than awaited."""
+    def too_slow(*_):
+        raise TimeoutError("packing one long document is not linear in its length")
+
+    previous = signal.signal(signal.SIGALRM, too_slow)
+    signal.alarm(30)
+    try:
+        rows = sum(1 for _ in pack([list(range(2_000_000)), [1, 2, 3]], seq_len=512, eos_id=0))
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)
+    assert rows == (2_000_000 + 1 + 4) // 512
 
 
 def test_collate_marks_every_sequence_and_document_start():
