@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from rotarium.utils.argtypes import int_list
+from rotarium.utils.files import check_writable_folder
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
@@ -27,6 +28,7 @@ def load_for(args: argparse.Namespace) -> tuple[PreTrainedModel, PreTrainedToken
 
 
 def run_eval(args: argparse.Namespace) -> int:
+    from rotarium.evaluation.generate import check_model_path
     from rotarium.evaluation.perplexity import (
         evaluation_documents,
         format_table,
@@ -35,8 +37,12 @@ def run_eval(args: argparse.Namespace) -> int:
         stream_tokens,
     )
 
+    check_model_path(args.model)
+    local = Path(args.model).exists()
+    output = Path(args.output_dir) if args.output_dir else (Path(args.model) / "eval" if local else Path("eval"))
+    check_writable_folder(output, "--output-dir" if args.output_dir else "the evaluation folder (--output-dir)")
+    documents, description = evaluation_documents(args.data, args.model if local else None)
     model, tokenizer = load_for(args)
-    documents, description = evaluation_documents(args.data, args.model if Path(args.model).exists() else None)
     tokens = stream_tokens(tokenizer, documents)
     train_length = getattr(model.config, "max_position_embeddings", None)
     lengths = args.context_lengths or sorted({max(2, train_length // 2 if train_length else 64), *(
@@ -44,8 +50,6 @@ def run_eval(args: argparse.Namespace) -> int:
     rows = perplexity_by_context(model, tokens, lengths, max_tokens=args.max_tokens, batch_size=args.batch_size)
     print(f"{args.model} on {description} ({tokens.numel()} tokens):")
     print(format_table(rows, train_length))
-    output = Path(args.output_dir) if args.output_dir else (Path(args.model) / "eval" if Path(args.model).exists()
-                                                              else Path("eval"))
     table, plot = save_results(rows, output, title=f"{Path(args.model).name}: perplexity on {description}",
                                train_length=train_length)
     print(f"wrote {table} and {plot}")
@@ -53,8 +57,9 @@ def run_eval(args: argparse.Namespace) -> int:
 
 
 def run_generate(args: argparse.Namespace) -> int:
-    from rotarium.evaluation.generate import generate_text
+    from rotarium.evaluation.generate import check_prompt, generate_text
 
+    check_prompt(args.prompt)
     model, tokenizer = load_for(args)
     texts = generate_text(model, tokenizer, args.prompt, max_new_tokens=args.max_new_tokens,
                           do_sample=not args.greedy, temperature=args.temperature, top_k=args.top_k,
@@ -75,7 +80,8 @@ def add_commands(subparsers: argparse._SubParsersAction) -> None:
                     "into the checkpoint folder (or --output-dir).")
     ev.add_argument("--model", required=True, help="checkpoint folder (e.g. runs/default/final) or Hub id")
     ev.add_argument("--data", default="validation",
-                    help="'validation': the documents the checkpoint's training run held out (default); "
+                    help="'validation': the documents the checkpoint's training run held out, checked against "
+                         "the record the run kept of them (default); "
                          "'embedded': the embedded corpus; or a local .txt/.jsonl/.parquet file or folder")
     ev.add_argument("--context-lengths", type=int_list("--context-lengths", minimum=2), default=None,
                     help="comma-separated lengths, e.g. 128,256,512 (default: half, 1x, 2x and 4x the "

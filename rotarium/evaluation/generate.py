@@ -10,19 +10,23 @@ if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 
-def load_checkpoint(path: str, device: str | None = None, dtype: torch.dtype | None = None
-                    ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
-    """``(model, tokenizer)`` from a ``save_pretrained`` folder or Hub id, through the Auto classes."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    import rotarium  # noqa: F401  (registers the Auto classes)
-
+def check_model_path(path: str) -> None:
+    """Raises ``ValueError`` when ``--model`` names a local folder (a path, not a Hub id) that does not exist."""
     if not Path(path).exists() and (path.startswith((".", "/", "~")) or Path(path).suffix):
         raise ValueError(f"--model {path}: no such folder")
-    try:
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
-    except (OSError, ValueError) as error:
-        raise ValueError(f"--model {path} could not be loaded as a causal LM: {error}") from error
+
+
+def load_checkpoint(path: str, device: str | None = None, dtype: torch.dtype | None = None
+                    ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    """``(model, tokenizer)`` from a ``save_pretrained`` folder or Hub id, through the Auto classes; ``ValueError``
+    when its weights are unreadable or do not match its config (:func:`rotarium.models.load_pretrained`)."""
+    from transformers import AutoTokenizer
+
+    import rotarium  # noqa: F401  (registers the Auto classes)
+    from rotarium.models import load_pretrained
+
+    check_model_path(path)
+    model = load_pretrained(path, flag="--model", dtype=dtype)
     try:
         tokenizer = AutoTokenizer.from_pretrained(path)
     except (OSError, ValueError) as error:
@@ -30,6 +34,18 @@ def load_checkpoint(path: str, device: str | None = None, dtype: torch.dtype | N
                          f"{error}") from error
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     return model.to(device).eval(), tokenizer
+
+
+def check_prompt(prompt: str) -> None:
+    """Raises ``ValueError`` when ``prompt`` is not text a tokenizer takes: bytes that are not UTF-8 reach
+    ``sys.argv`` as lone surrogates (Python's ``surrogateescape``)."""
+    try:
+        prompt.encode("utf-8")
+    except UnicodeEncodeError as error:
+        code = ord(prompt[error.start])
+        what = f"byte 0x{code - 0xDC00:02x}" if 0xDC80 <= code <= 0xDCFF else f"U+{code:04X}"
+        raise ValueError(f"--prompt is not UTF-8 text ({what} at character {error.start}); pass the prompt in "
+                         "UTF-8") from None
 
 
 @torch.no_grad()
@@ -50,6 +66,7 @@ def generate_text(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, pr
         raise ValueError(f"--repetition-penalty must be > 0 (1 is none), got {repetition_penalty}")
     if num_return_sequences < 1:
         raise ValueError(f"--num-return-sequences must be >= 1, got {num_return_sequences}")
+    check_prompt(prompt)
     if num_return_sequences > 1 and not do_sample:
         raise ValueError(f"--num-return-sequences {num_return_sequences} needs sampling: greedy decoding gives one "
                          "continuation (drop --greedy, or ask for 1)")

@@ -8,6 +8,7 @@ context the model gets, up to the window's own length.
 from __future__ import annotations
 
 import json
+import logging
 import math
 import os
 from pathlib import Path
@@ -17,10 +18,14 @@ import torch
 
 from rotarium.data.config import DEFAULT_SEED, DataSection
 from rotarium.data.documents import held_out_documents, iter_documents
+from rotarium.data.heldout import RECORD_KEY as HELD_OUT_RECORD
+from rotarium.data.heldout import check_held_out, recorded_source
 from rotarium.utils.files import write_json_atomic
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+logger = logging.getLogger(__name__)
 
 
 def stream_tokens(tokenizer: PreTrainedTokenizerBase, texts: list[str]) -> torch.Tensor:
@@ -114,18 +119,45 @@ def save_results(rows: list[dict[str, Any]], folder: str | os.PathLike, *, title
     return table, plot
 
 
+def _training_args(model_dir: str | os.PathLike | None) -> tuple[dict[str, Any], Path | None]:
+    """The ``training_args.json`` beside the checkpoint (or in its run folder), and its path."""
+    for folder in (Path(model_dir), Path(model_dir).parent) if model_dir else ():
+        path = folder / "training_args.json"
+        if path.is_file():
+            try:
+                args = json.loads(path.read_text(encoding="utf-8"))
+            except (ValueError, UnicodeDecodeError) as error:
+                raise ValueError(f"{path} is not JSON ({error}); pass --data FILE to score a text of your choice"
+                                 ) from None
+            if not isinstance(args, dict):
+                raise ValueError(f"{path} is not a JSON object; pass --data FILE to score a text of your choice")
+            return args, path
+    return {}, None
+
+
 def evaluation_documents(data: str, model_dir: str | os.PathLike | None = None) -> tuple[list[str], str]:
     """The texts to score and a description. ``data``: ``validation`` (the documents the checkpoint's training run
-    held out, re-derived from its ``training_args.json``; the embedded corpus's split when there is none),
-    ``embedded`` (the whole embedded corpus), or a local text / JSON Lines / Parquet file or folder."""
+    held out, re-derived from its ``training_args.json`` and checked against the record of them made at training,
+    :mod:`rotarium.data.heldout`; the embedded corpus's split when there is none), ``embedded`` (the whole embedded
+    corpus), or a local text / JSON Lines / Parquet file or folder."""
     if data == "validation":
-        args: dict[str, Any] = {}
-        for folder in (Path(model_dir), Path(model_dir).parent) if model_dir else ():
-            if (folder / "training_args.json").is_file():
-                args = json.loads((folder / "training_args.json").read_text())
-                break
+        args, path = _training_args(model_dir)
         section = DataSection(**{k[5:]: v for k, v in args.items() if k.startswith("data.")
                                  and k[5:] in DataSection.__dataclass_fields__})
+        record = args.get(HELD_OUT_RECORD)
+        if path is None:
+            logger.warning("no training_args.json beside %s: scoring the embedded corpus's validation split, which "
+                           "this model may have trained on; pass --data FILE to score a text it did not see",
+                           model_dir or "the model")
+        elif record is None:
+            logger.warning("%s has no record of the documents the run held out (written by an older rotarium): the "
+                           "validation split of `data.source=%s` is re-derived and cannot be verified; if the corpus "
+                           "changed since training, it may hold training documents", path, section.source)
+        else:
+            section = recorded_source(record, section, str(path))
+        documents = held_out_documents(section, args.get("train.seed", DEFAULT_SEED))
+        if record is not None:
+            check_held_out(record, section, documents, str(path))
         split = "held-out documents" if section.streaming else "validation split"
-        return held_out_documents(section, args.get("train.seed", DEFAULT_SEED)), f"{section.source} ({split})"
+        return documents, f"{section.source} ({split})"
     return list(iter_documents(DataSection(source=data))), data

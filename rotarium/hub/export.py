@@ -18,7 +18,7 @@ from transformers import PreTrainedModel
 
 from rotarium.hub.card import model_card
 from rotarium.hub.checkpoint import EVAL_DIR, Checkpoint, read_checkpoint
-from rotarium.models import FAMILY_MODELS
+from rotarium.models import FAMILY_MODELS, loading_problems
 from rotarium.models.remote_code import bundle
 from rotarium.utils.files import write_folder_atomic
 
@@ -36,21 +36,12 @@ def load_weights(checkpoint: Checkpoint) -> PreTrainedModel:
     except (OSError, RuntimeError, SafetensorError) as error:  # unreadable or truncated weights
         first_line = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
         raise ValueError(f"the weights of {checkpoint.path} could not be loaded: {first_line}") from error
-    mismatched = [f"{key} {list(stored)} instead of {list(expected)}" for key, stored, expected in
-                  info["mismatched_keys"]]
-    problems = [f"{len(keys)} {kind} ({_first(keys)})" for kind, keys in (
-        ("missing", info["missing_keys"]), ("unexpected", info["unexpected_keys"]),
-        ("of another shape", mismatched), ("load errors", info["error_msgs"])) if keys]
+    problems = loading_problems(info)
     if problems:
         raise ValueError(f"the weights of {checkpoint.path} do not match its config.json: {'; '.join(problems)}. "
                          "An export would publish the model with those tensors random or dropped; export a checkpoint "
                          "whose weights are complete")
     return model
-
-
-def _first(keys, shown: int = 6) -> str:
-    keys = sorted(map(str, keys))
-    return ", ".join(keys[:shown]) + (f", ... ({len(keys) - shown} more)" if len(keys) > shown else "")
 
 
 def write_export(checkpoint: Checkpoint, folder: Path, *, repo_id: str | None = None, license: str = "mit",

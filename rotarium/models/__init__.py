@@ -10,6 +10,7 @@ from rotarium.models.configuration import (
     RotariumConfig,
     TransformerConfig,
 )
+from rotarium.models.loading import load_pretrained, loading_problems
 from rotarium.models.modeling import (
     FAMILY_MODELS,
     DeltaNetForCausalLM,
@@ -44,5 +45,6 @@ __all__ = [
     "CONFIGS", "FAMILY_MODELS", "DeltaNetConfig", "DeltaNetForCausalLM", "DeltaNetModel", "FamilyClasses", "FoXConfig",
     "FoXForCausalLM", "FoXModel", "GLAConfig", "GLAForCausalLM", "GLAModel", "RotariumCache", "RotariumConfig",
     "RotariumForCausalLM", "RotariumModel", "RotariumPreTrainedModel", "TransformerConfig", "TransformerForCausalLM",
-    "TransformerModel", "register_auto_classes", "set_activation_checkpointing",
+    "TransformerModel", "load_pretrained", "loading_problems", "register_auto_classes",
+    "set_activation_checkpointing",
 ]

@@ -31,19 +31,15 @@ if TYPE_CHECKING:
 
 def build_model(config: Config, tokenizer: PreTrainedTokenizerBase) -> torch.nn.Module:
     """A fresh model from ``config.model`` (preset or explicit sizes), or the ``init_from`` checkpoint."""
-    from transformers import AutoModelForCausalLM
-
     import rotarium  # noqa: F401  (registers the Auto classes)
     from rotarium.configs.presets import preset_config
     from rotarium.models.configuration import CONFIGS
+    from rotarium.models.loading import load_pretrained
     from rotarium.models.modeling import FAMILY_MODELS
 
     m = config.model
     if m.init_from is not None:
-        try:
-            model = AutoModelForCausalLM.from_pretrained(m.init_from)
-        except (OSError, ValueError) as error:
-            raise ValueError(f"`--init-from {m.init_from}` could not be loaded: {error}") from error
+        model = load_pretrained(m.init_from, flag="--init-from")
         if len(tokenizer) > model.config.vocab_size:
             raise ValueError(f"the tokenizer has {len(tokenizer)} tokens but `--init-from {m.init_from}` has a "
                              f"vocabulary of {model.config.vocab_size}; use the checkpoint's own tokenizer")

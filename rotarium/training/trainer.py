@@ -29,6 +29,7 @@ import torch
 
 from rotarium.data.batches import StreamingSchedule
 from rotarium.data.documents import iter_documents, split_documents
+from rotarium.data.heldout import RECORD_KEY, held_out_record
 from rotarium.models import set_activation_checkpointing
 from rotarium.training.accelerator import make_accelerator
 from rotarium.training.build import accumulation_steps, build_model, prepare_data, prepare_tokenizer
@@ -405,6 +406,7 @@ class Trainer:
                      "max_tokens": self.tokens_per_step * self.config.train.max_steps})
         if self.config.data.source != "embedded" and not Path(self.config.data.source).exists():
             args["dataset"] = self.config.data.source
+        args[RECORD_KEY] = held_out_record(self.config.data, self.data.validation_documents)
         return args
 
     def _save_model(self, folder: Path) -> None:

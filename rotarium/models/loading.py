@@ -1,0 +1,81 @@
+"""Loading a checkpoint's weights for use, refusing weights that do not match its config.
+
+transformers initialises a tensor the checkpoint lacks at random, drops one the model has no place for, and only
+logs a report: a model loaded that way scores, generates and fine-tunes as if it were the checkpoint's. Every
+command that loads a checkpoint for use (eval, generate, train's ``--init-from``, export) refuses it instead, with
+the tensors named. Tied weights (the LM head sharing the embedding's) are not missing: transformers ties them
+before it reports.
+"""
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
+
+
+def _first(keys: Iterable[Any], shown: int = 6) -> str:
+    keys = sorted(map(str, keys))
+    return ", ".join(keys[:shown]) + (f", ... ({len(keys) - shown} more)" if len(keys) > shown else "")
+
+
+def loading_problems(info: Mapping[str, Any]) -> list[str]:
+    """What the ``info`` of ``from_pretrained(..., output_loading_info=True)`` reports wrong, each as
+    ``"<n> <kind> (<first keys>)"`` (kinds: missing, unexpected, of another shape, load errors); empty when the
+    weights match the config."""
+    mismatched = [f"{key} {list(stored)} instead of {list(expected)}" for key, stored, expected in
+                  info.get("mismatched_keys", ())]
+    return [f"{len(keys)} {kind} ({_first(keys)})" for kind, keys in (
+        ("missing", info.get("missing_keys", ())), ("unexpected", info.get("unexpected_keys", ())),
+        ("of another shape", mismatched), ("load errors", info.get("error_msgs", ()))) if keys]
+
+
+def _unreadable_weights(folder: Path) -> str | None:
+    """``"<file>: <reason>"`` for the first safetensors file in ``folder`` whose header cannot be read (truncated or
+    damaged), else None."""
+    from safetensors import SafetensorError, safe_open
+
+    for file in sorted(folder.glob("*.safetensors")):
+        try:
+            with safe_open(file, framework="pt"):
+                pass
+        except (SafetensorError, OSError) as error:
+            return f"{file}: {_first_line(error)}"
+    return None
+
+
+def _first_line(error: BaseException) -> str:
+    text = str(error).strip()
+    return text.splitlines()[0] if text else type(error).__name__
+
+
+def load_pretrained(path: str, *, flag: str, model_class: Any = None, **kwargs: Any) -> PreTrainedModel:
+    """``model_class.from_pretrained(path, **kwargs)`` (``AutoModelForCausalLM`` by default) when its weights are
+    whole and match its config; else ``ValueError`` starting with ``"<flag> <path>: "``, naming the unreadable file
+    or the missing, unexpected and misshapen tensors."""
+    from safetensors import SafetensorError
+
+    if model_class is None:
+        from transformers import AutoModelForCausalLM
+
+        model_class = AutoModelForCausalLM
+    try:
+        # ignore_mismatched_sizes: a tensor of another shape is then reported in `info` with the others, not raised
+        model, info = model_class.from_pretrained(path, output_loading_info=True, ignore_mismatched_sizes=True,
+                                                  **kwargs)
+    except (SafetensorError, RuntimeError) as error:
+        bad = _unreadable_weights(Path(path)) if Path(path).is_dir() else None
+        if bad is None:
+            raise ValueError(f"{flag} {path}: the weights could not be loaded: {_first_line(error)}") from error
+        raise ValueError(f"{flag} {path}: the weights could not be read ({bad}); the file is truncated or damaged: "
+                         "copy or download the checkpoint again") from error
+    except (OSError, ValueError) as error:
+        raise ValueError(f"{flag} {path} could not be loaded as a causal LM: {_first_line(error)}") from error
+    problems = loading_problems(info)
+    if problems:
+        raise ValueError(f"{flag} {path}: the weights do not match its config.json: {'; '.join(problems)}; loading "
+                         "them would put random tensors in place of missing ones and drop unexpected ones, so they "
+                         "are refused: use a checkpoint whose weights are complete")
+    return model
