@@ -20,7 +20,8 @@ from rotarium.data.config import DEFAULT_SEED, DataSection
 from rotarium.data.documents import held_out_documents, iter_documents
 from rotarium.data.heldout import RECORD_KEY as HELD_OUT_RECORD
 from rotarium.data.heldout import check_held_out, recorded_source
-from rotarium.utils.files import write_json_atomic
+from rotarium.utils.files import make_folder, write_json_atomic
+from rotarium.utils.plots import save_figure
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
@@ -97,7 +98,7 @@ def save_results(rows: list[dict[str, Any]], folder: str | os.PathLike, *, title
     import matplotlib.pyplot as plt
 
     folder = Path(folder)
-    folder.mkdir(parents=True, exist_ok=True)
+    make_folder(folder, "the evaluation folder")
     table = folder / "perplexity.json"
     write_json_atomic(table, rows)
     points = [(r["context_length"], r["perplexity"]) for r in rows if r["perplexity"] is not None]
@@ -114,8 +115,7 @@ def save_results(rows: list[dict[str, Any]], folder: str | os.PathLike, *, title
     ax.grid(alpha=0.3)
     fig.tight_layout()
     plot = folder / "perplexity.png"
-    fig.savefig(plot, dpi=120)
-    plt.close(fig)
+    save_figure(fig, plot)
     return table, plot
 
 
