@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import itertools
+import logging
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 import torch
 
 from rotarium.data.config import DataSection
+
+logger = logging.getLogger(__name__)
 
 LOCAL_FORMATS = {".txt": "text", ".text": "text", ".md": "text", ".jsonl": "json", ".json": "json",
                  ".parquet": "parquet"}
@@ -77,16 +80,53 @@ def _text_documents(source: str, files: list[str]) -> Iterator[str]:
         raise ValueError(f"`data.source={source}`: {what} text (0 documents)")
 
 
-def _rows(dataset, cfg: DataSection, files: list[str] | None) -> Iterator[str]:
-    """The non-empty texts of ``dataset``'s rows; a local file that is not UTF-8 is named (the arrow readers only
-    fail on it when a row is read)."""
+def _where(cfg: DataSection, files: list[str] | None, kind: str | None, index: int | None) -> str:
+    """``"<file> row <n>"`` (from 1) for the row at ``index`` of the rows of ``files`` read one after the other,
+    ``"row <n>"`` of a Hub dataset; ``"a row"`` when the order is shuffled (``index`` None). Counting the rows of each
+    file reads them again, which only a problem found costs."""
+    if index is None:
+        return "a row (of a shuffled stream)"
+    if not files:
+        return f"row {index + 1}"
+    if len(files) > 1:
+        import datasets
+
+        for name in files:
+            count = sum(1 for _ in datasets.load_dataset(kind, data_files=[name], split="train", streaming=True))
+            if index < count:
+                return f"{name} row {index + 1}"
+            index -= count
+    return f"{files[-1]} row {index + 1}"
+
+
+def _rows(dataset, cfg: DataSection, files: list[str] | None, kind: str | None, first: int | None
+          ) -> Iterator[str]:
+    """The non-empty texts of ``dataset``'s rows, the row at ``first`` (None: shuffled) first. A text that is not a
+    string raises ``ValueError`` naming its row; rows without one are skipped and counted in a warning. A local
+    file that is not UTF-8 is named (the arrow readers only fail on it when a row is read)."""
+    field, missing, first_missing, read = cfg.text_field, 0, None, 0
     try:
-        for row in dataset:
-            if row.get(cfg.text_field) and row[cfg.text_field].strip():
-                yield row[cfg.text_field]
+        for read, row in enumerate(dataset, 1):
+            text = row.get(field)
+            if text is None:
+                missing += 1
+                first_missing = read - 1 if first_missing is None else first_missing
+                continue
+            if not isinstance(text, str):
+                where = _where(cfg, files, kind, None if first is None else first + read - 1)
+                raise ValueError(  # noqa: TRY004  (bad data: a ValueError is what the CLI reports in one line)
+                    f"`data.source={cfg.source}`: {where} has a `{field}` that is {type(text).__name__} "
+                    f"({str(text)[:60]!r}), not text; `data.text_field` must name a column of strings")
+            if text.strip():
+                yield text
     except UnicodeDecodeError as error:
         bad = (_not_utf8(files) if files else None) or f"a row is not UTF-8 text ({error.reason})"
         raise ValueError(f"`data.source={cfg.source}`: {bad}; convert it to UTF-8") from None
+    finally:
+        if missing:
+            at = None if first is None else first + first_missing
+            logger.warning("`data.source=%s`: %d of the %d rows read %s no `%s` (the first: %s); skipped", cfg.source,
+                           missing, read, "has" if missing == 1 else "have", field, _where(cfg, files, kind, at))
 
 
 def iter_documents(cfg: DataSection, *, skip: int = 0, shuffle_seed: int | None = None) -> Iterable[str]:
@@ -113,7 +153,7 @@ def iter_documents(cfg: DataSection, *, skip: int = 0, shuffle_seed: int | None 
             raise ValueError(f"`data.source={cfg.source}` could not be read as {kind}: "
                              f"{type(error).__name__}: {error}") from error
     else:
-        files = None
+        files, kind = None, None
         try:
             dataset = datasets.load_dataset(cfg.source, cfg.hub_config, split=cfg.split, streaming=cfg.streaming)
         except Exception as error:  # datasets raises many types (FileNotFoundError, ConnectionError, ...)
@@ -122,13 +162,16 @@ def iter_documents(cfg: DataSection, *, skip: int = 0, shuffle_seed: int | None 
     columns = dataset.column_names
     if columns is not None and cfg.text_field not in columns:
         raise ValueError(f"`data.text_field={cfg.text_field}` is not a column of {cfg.source}; columns: {columns}")
+    first: int | None = skip
     if cfg.streaming:
         dataset = dataset.skip(skip) if skip else dataset
         if shuffle_seed is not None and cfg.shuffle_buffer > 1:
             dataset = dataset.shuffle(seed=shuffle_seed, buffer_size=cfg.shuffle_buffer)
+            first = None
     elif skip:
-        dataset = dataset.select(range(min(skip, len(dataset)), len(dataset)))
-    return _rows(dataset, cfg, files)
+        first = min(skip, len(dataset))
+        dataset = dataset.select(range(first, len(dataset)))
+    return _rows(dataset, cfg, files, kind, first)
 
 
 def split_documents(documents: list[str], fraction: float, seed: int) -> tuple[list[str], list[str]]:

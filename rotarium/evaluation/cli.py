@@ -7,7 +7,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from rotarium.utils.argtypes import int_list
-from rotarium.utils.files import check_writable_folder
+from rotarium.utils.devices import check_device
+from rotarium.utils.files import check_writable_folder, refuse_link
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
@@ -22,7 +23,7 @@ def load_for(args: argparse.Namespace) -> tuple[PreTrainedModel, PreTrainedToken
 
     from rotarium.evaluation.generate import load_checkpoint
 
-    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    device = str(check_device(args.device)) if args.device else ("cuda" if torch.cuda.is_available() else "cpu")
     name = args.dtype if args.dtype != "auto" else ("bfloat16" if torch.device(device).type == "cuda" else "float32")
     return load_checkpoint(args.model, device=device, dtype=getattr(torch, name))
 
@@ -40,7 +41,11 @@ def run_eval(args: argparse.Namespace) -> int:
     check_model_path(args.model)
     local = Path(args.model).exists()
     output = Path(args.output_dir) if args.output_dir else (Path(args.model) / "eval" if local else Path("eval"))
-    check_writable_folder(output, "--output-dir" if args.output_dir else "the evaluation folder (--output-dir)")
+    what = "--output-dir" if args.output_dir else "the evaluation folder (--output-dir)"
+    check_writable_folder(output, what)
+    refuse_link(output, what)
+    if args.device:
+        check_device(args.device)
     documents, description = evaluation_documents(args.data, args.model if local else None)
     model, tokenizer = load_for(args)
     tokens = stream_tokens(tokenizer, documents)
@@ -60,6 +65,8 @@ def run_generate(args: argparse.Namespace) -> int:
     from rotarium.evaluation.generate import check_prompt, generate_text
 
     check_prompt(args.prompt)
+    if args.device:
+        check_device(args.device)
     model, tokenizer = load_for(args)
     texts = generate_text(model, tokenizer, args.prompt, max_new_tokens=args.max_new_tokens,
                           do_sample=not args.greedy, temperature=args.temperature, top_k=args.top_k,

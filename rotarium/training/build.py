@@ -3,6 +3,7 @@ the model."""
 from __future__ import annotations
 
 import itertools
+import logging
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -23,6 +24,8 @@ from rotarium.data.tokenizer import load_tokenizer, train_bpe
 from rotarium.training.config import Config
 from rotarium.training.run_folder import TOKENIZER
 from rotarium.utils.files import write_folder_atomic
+
+logger = logging.getLogger(__name__)
 
 if TYPE_CHECKING:
     from accelerate import Accelerator
@@ -60,13 +63,19 @@ def build_model(config: Config, tokenizer: PreTrainedTokenizerBase) -> torch.nn.
     return FAMILY_MODELS[model_config.family].lm(model_config)
 
 
-def prepare_tokenizer(config: Config, run_dir: Path, documents: list[str] | None, accelerator: Accelerator
-                      ) -> PreTrainedTokenizerBase:
-    """The run's tokenizer: the one saved in the run folder (resume), else ``tokenizer.name``, else the
-    ``init_from`` checkpoint's, else a BPE trained on the training documents by the main process."""
+def prepare_tokenizer(config: Config, run_dir: Path, documents: list[str] | None, accelerator: Accelerator, *,
+                      reuse: bool = False) -> PreTrainedTokenizerBase:
+    """The run's tokenizer: with ``reuse`` (a run continuing a checkpoint) the one saved in the run folder, else
+    ``tokenizer.name``, else the ``init_from`` checkpoint's, else a BPE trained on the training documents by the
+    main process. Without ``reuse`` a tokenizer in the folder (one a run stopped before its first checkpoint left
+    there, say) is replaced: it may stem from another vocabulary size or other data."""
     saved = run_dir / TOKENIZER
+    found = (saved / "tokenizer_config.json").is_file()
     # Only the main process looks and writes; the others wait at the barrier whatever it finds.
-    if accelerator.is_main_process and not (saved / "tokenizer_config.json").is_file():
+    if accelerator.is_main_process and not (reuse and found):
+        if saved.exists():
+            logger.warning("%s is replaced by a tokenizer built from this run's config: the run starts from step 0, "
+                           "and only a run that continues a checkpoint reuses the folder's tokenizer", saved)
         name = config.tokenizer.name
         if name is None and config.model.init_from is not None:
             name = config.model.init_from

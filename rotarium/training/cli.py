@@ -79,6 +79,12 @@ def add_commands(subparsers: argparse._SubParsersAction) -> None:
                        help="with --resume: let this data, optim or train key differ from the run's (repeatable); "
                             "intervals, max_steps and eval settings may change without it, model and tokenizer "
                             "settings never")
+    train.add_argument("--allow-rewind", action="store_true",
+                       help="with --resume: let the run go back before the last step it reached (a --max-steps "
+                            "below it, or a finished run resumed from an older checkpoint); its final/, the "
+                            "checkpoints after the one resumed from and its metrics are kept in "
+                            "--output-dir/rewound-from-step-N/. Without it such a resume is refused; --init-from a "
+                            "checkpoint starts a new run from older weights instead")
     train.add_argument("--overwrite", action="store_true",
                        help="replace the run in --output-dir: it is kept in --output-dir/previous/ until the new run "
                             "has written its first checkpoint, and put back if the new run fails before that")
@@ -107,7 +113,7 @@ def run_train(args: argparse.Namespace) -> int:
     config = load_config(args.config, overrides)
     check_writable_folder(run_dir, "--output-dir")
     trainer = Trainer(config, run_dir, resume=resume, overwrite=args.overwrite, resume_from=args.resume_from,
-                      allow_config_change=args.allow_config_change)
+                      allow_config_change=args.allow_config_change, allow_rewind=args.allow_rewind)
     try:  # the run folder stays locked until the evaluation below has written into it too
         try:
             result = trainer.train()

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 import types
 import typing
 from dataclasses import dataclass, field
@@ -224,36 +225,87 @@ def load_config(source: str | None = None, overrides: dict[str, Any] | None = No
     return config
 
 
+# A byte-level BPE holds every byte and the special tokens (``rotarium.data.tokenizer``) whatever size it is asked for.
+BPE_BASE_TOKENS = 256 + 3
+SEED_LIMIT = 2 ** 32  # numpy's seeds, which accelerate's set_seed sets too, are below it
+
+
+def _at_least(key: str, value: float, smallest: float, why: str = "") -> None:
+    if not value >= smallest:  # a NaN too
+        raise ValueError(f"`{key}` must be at least {smallest}{why}, got {value}")
+
+
+def _in_range(key: str, value: float, low: float, high: float, *, low_open: bool = False, why: str = "") -> None:
+    if not (low < value <= high if low_open else low <= value <= high):
+        bound = f"({low}, {high}]" if low_open else f"[{low}, {high}]"
+        raise ValueError(f"`{key}` must be in {bound}{why}, got {value}")
+
+
 def validate(config: Config) -> None:
+    """Every value is one a run can train with; the first that is not raises a ``ValueError`` naming its key and
+    the smallest (or the range of) values that work."""
     from rotarium.configs.presets import PRESETS
     from rotarium.models.configuration import CONFIGS
 
-    m, d, o, t = config.model, config.data, config.optim, config.train
+    m, d, o, t, e = config.model, config.data, config.optim, config.train, config.eval
     if m.preset is not None and m.preset not in PRESETS:
         raise ValueError(f"unknown preset `model.preset={m.preset}`; choose one of {', '.join(sorted(PRESETS))}")
     if m.family not in CONFIGS:
         raise ValueError(f"unknown `model.family={m.family}`; choose one of {', '.join(CONFIGS)}")
     check_model_options(m)
-    positive = {"data.seq_len": d.seq_len, "train.batch_size": t.batch_size, "train.max_steps": t.max_steps,
+    positive = {"train.batch_size": t.batch_size, "train.max_steps": t.max_steps,
                 "train.gradient_accumulation_steps": t.gradient_accumulation_steps,
-                "train.eval_every": t.eval_every, "train.save_every": t.save_every, "train.log_every": t.log_every,
+                "train.eval_every": t.eval_every, "train.eval_batches": t.eval_batches,
+                "train.save_every": t.save_every, "train.log_every": t.log_every,
                 "train.keep_checkpoints": t.keep_checkpoints, "train.max_bad_steps": t.max_bad_steps,
-                "train.spike_window": t.spike_window,
-                "tokenizer.vocab_size": config.tokenizer.vocab_size}
+                "train.spike_window": t.spike_window, "tokenizer.vocab_size": config.tokenizer.vocab_size,
+                "tokenizer.train_documents": config.tokenizer.train_documents,
+                "data.max_validation_tokens": d.max_validation_tokens,
+                "data.validation_documents": d.validation_documents, "data.shuffle_buffer": d.shuffle_buffer,
+                "eval.sample_tokens": e.sample_tokens}
     for key, value in positive.items():
         if value < 1:
-            raise ValueError(f"`{key}` must be a positive integer, got {value}")
+            raise ValueError(f"`{key}` must be a positive integer (at least 1), got {value}")
+    _at_least("data.seq_len", d.seq_len, 2, " (a sequence of one token has nothing to predict)")
+    if t.global_batch_size is not None:
+        _at_least("train.global_batch_size", t.global_batch_size, t.batch_size,
+                  f" (a multiple of train.batch_size={t.batch_size} x the number of processes)")
+    if t.num_threads is not None:
+        _at_least("train.num_threads", t.num_threads, 1, " (or null for torch's choice)")
+    if not 0 <= t.seed < SEED_LIMIT:
+        raise ValueError(f"`train.seed` must be in [0, {SEED_LIMIT - 1}], got {t.seed}")
+    if config.tokenizer.name is None and m.init_from is None:
+        _at_least("tokenizer.vocab_size", config.tokenizer.vocab_size, BPE_BASE_TOKENS,
+                  f" for the trained byte-level BPE ({BPE_BASE_TOKENS - 3} bytes and 3 special tokens)")
     if not 0 < d.validation_fraction < 1:
         raise ValueError(f"`data.validation_fraction` must be in (0, 1), got {d.validation_fraction}")
     if o.schedule not in ("cosine", "wsd", "constant"):
         raise ValueError(f"`optim.schedule` must be cosine, wsd or constant, got {o.schedule!r}")
-    if len(o.betas) != 2:
-        raise ValueError(f"`optim.betas` must be two numbers, got {o.betas}")
+    if not (o.lr > 0 and math.isfinite(o.lr)):
+        raise ValueError(f"`optim.lr` must be a positive number (a learning rate of 0 does not train), got {o.lr}")
+    _in_range("optim.min_lr_ratio", o.min_lr_ratio, 0, 1, why=" (a share of optim.lr)")
+    _in_range("optim.decay_fraction", o.decay_fraction, 0, 1, why=" (a share of the steps)")
+    _at_least("optim.warmup_steps", o.warmup_steps, 0)
+    for key, value in (("optim.weight_decay", o.weight_decay), ("optim.grad_clip", o.grad_clip)):
+        if not (value >= 0 and math.isfinite(value)):
+            raise ValueError(f"`{key}` must be a number >= 0 (0: off), got {value}")
+    if not (o.eps > 0 and math.isfinite(o.eps)):
+        raise ValueError(f"`optim.eps` must be a positive number, got {o.eps}")
+    if len(o.betas) != 2 or not all(_is_number(b) and 0 <= b < 1 for b in o.betas):
+        raise ValueError(f"`optim.betas` must be two numbers in [0, 1), got {o.betas}")
     if t.spike_factor != 0 and not t.spike_factor > 1:
         raise ValueError(f"`train.spike_factor` must be above 1 (or 0 to turn the spike check off), got "
                          f"{t.spike_factor}")
     if t.mixed_precision not in ("auto", "no", "bf16", "fp16"):
         raise ValueError(f"`train.mixed_precision` must be auto, no, bf16 or fp16, got {t.mixed_precision!r}")
+    if not e.context_lengths or not all(isinstance(L, int) and not isinstance(L, bool) and L >= 2
+                                        for L in e.context_lengths):
+        raise ValueError(f"`eval.context_lengths` must be a list of integers of at least 2 (a context of one token "
+                         f"predicts nothing), got {e.context_lengths}")
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
 # Model-config fields that other settings of a run set: an option naming one would conflict with them.

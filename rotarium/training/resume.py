@@ -31,12 +31,16 @@ from rotarium.training.config import Config, field_types, flatten
 from rotarium.training.run_folder import (
     ACCELERATE_STATE,
     CHECKPOINTS,
+    FINAL,
     TRAINING_ARGS,
     CorruptCheckpoint,
     checkpoint_dir,
     checkpoint_step,
     complete_checkpoints,
+    final_step,
+    latest_good_checkpoint,
     read_trainer_state,
+    rewound_dir,
     verify_checkpoint,
 )
 
@@ -136,7 +140,12 @@ def check_config(checkpoint: Path, config: Config, allowed: set[str]) -> None:
         logger.warning("--resume: %s has no %s; its config cannot be compared with this one", checkpoint,
                        TRAINING_ARGS)
         return
-    differences = _differences(saved_config(json.loads(path.read_text())), config_values(config))
+    try:
+        saved = saved_config(json.loads(path.read_text(encoding="utf-8")))
+    except ValueError as error:
+        raise ValueError(f"--resume: {path} is unreadable ({error}); choose another checkpoint with "
+                         "--resume-from step-N") from None
+    differences = _differences(saved, config_values(config))
     refused = {k: v for k, v in differences.items() if _policy(k) != "safe" and k not in allowed}
     if refused:
         listed = ", ".join(f"{key} {old!r} -> {new!r}" for key, (old, new) in sorted(refused.items()))
@@ -184,29 +193,32 @@ def _named_checkpoint(run_dir: Path, name: str) -> Path:
     return path
 
 
-def choose_checkpoint(run_dir: str | os.PathLike, name: str | None = None) -> Path | None:
+def choose_checkpoint(run_dir: str | os.PathLike, name: str | None = None, at_most: int | None = None
+                      ) -> Path | None:
     """The checkpoint ``--resume`` continues from: ``name`` (``step-N`` or ``N``) when given, else the newest
-    complete checkpoint that passes its checksums and is good, with a warning naming each newer one it skips;
-    ``None`` when the run has no complete checkpoint. A checkpoint without checksums (written before they were
-    recorded) is used unverified, with a warning. Raises ``ValueError`` when ``name`` does not verify or when every
-    complete checkpoint is corrupt or not good."""
+    complete checkpoint (of a step up to ``at_most``, when given) that passes its checksums and is good, with a
+    warning naming each newer one it skips; ``None`` when the run has no such complete checkpoint. A checkpoint
+    without checksums (written before they were recorded) is used unverified, with a warning. Raises ``ValueError``
+    when ``name`` does not verify or when every complete checkpoint is corrupt or not good."""
     run_dir = Path(run_dir)
     if name is not None:
         checkpoint = _named_checkpoint(run_dir, name)
         try:
             verified = verify_checkpoint(checkpoint)
+            state = read_trainer_state(checkpoint)
         except CorruptCheckpoint as error:
             raise ValueError(f"--resume-from {name}: {error}; choose another checkpoint") from error
         if not verified:
             logger.warning("--resume-from %s: it has no checksums (written by an older rotarium); loading it "
                            "unverified", name)
-        state = read_trainer_state(checkpoint)
         if not state.get("good", True):
             logger.warning("--resume-from %s: not a good checkpoint (%s); resuming from it as asked", name,
                            state.get("why_not_good", "?"))
         return checkpoint
     skipped = []
     for checkpoint in reversed(complete_checkpoints(run_dir)):
+        if at_most is not None and checkpoint_step(checkpoint) > at_most:
+            continue
         try:
             verified = verify_checkpoint(checkpoint)
             state = read_trainer_state(checkpoint)
@@ -227,3 +239,53 @@ def choose_checkpoint(run_dir: str | os.PathLike, name: str | None = None) -> Pa
         raise ValueError(f"--resume: no usable checkpoint in {run_dir / CHECKPOINTS}: {'; '.join(skipped)}; or "
                          "--overwrite to start over")
     return None
+
+
+def _describe_reached(run_dir: Path, reached: int, final: int | None) -> str:
+    return f"its final model {run_dir / FINAL}" if final == reached else f"checkpoint step-{reached}"
+
+
+def check_rewind(run_dir: str | os.PathLike, checkpoint: Path | None, max_steps: int, *, named: bool,
+                 allow: bool) -> int | None:
+    """Whether resuming the run in ``run_dir`` from ``checkpoint`` (``None``: from step 0) up to ``max_steps`` goes
+    back on work the run has done: ends before the last step it reached (its final model's or newest
+    checkpoint's), or continues a finished run from a checkpoint ``named`` by ``--resume-from`` that is older than
+    its newest good one (the one ``--resume`` continues, which redoes the steps after it). Such a rewind would
+    replace ``final/`` and later checkpoints with other weights and cut ``metrics.jsonl`` back, so it raises
+    ``ValueError`` (naming the step reached and ``--init-from``, which starts a new run from older weights) unless
+    ``allow`` (``--allow-rewind``). Returns the step reached when it is an allowed rewind (what it replaces is then
+    set aside, :func:`rotarium.training.run_folder.set_aside_rewound`), else ``None``."""
+    run_dir = Path(run_dir)
+    start = checkpoint_step(checkpoint) if checkpoint is not None else 0
+    checkpoints = [checkpoint_step(p) for p in complete_checkpoints(run_dir)]
+    newest = max(checkpoints, default=0)
+    final = final_step(run_dir)
+    finished = (run_dir / FINAL).is_dir()
+    reached = max(newest, final or 0)
+    usable = [s for s in checkpoints if s <= max_steps]
+    older = checkpoint_dir(run_dir, max(usable)) if usable else run_dir / CHECKPOINTS / "step-N"
+    good = latest_good_checkpoint(run_dir) if finished and named else None
+    newest_good = checkpoint_step(good) if good is not None else 0
+    if max_steps < reached:
+        problem = (f"has reached step {reached} ({_describe_reached(run_dir, reached, final)}), and --max-steps "
+                   f"{max_steps} would take it back")
+    elif start < newest_good:
+        older = checkpoint
+        problem = (f"is finished (its final model {run_dir / FINAL}{f' is at step {final}' if final else ''}), "
+                   f"and resuming it from {checkpoint.name} would take it back past its newest good checkpoint "
+                   f"step-{newest_good}")
+    else:
+        return None
+    aside = rewound_dir(run_dir, reached)
+    if not allow:
+        raise ValueError(f"--resume: the run in {run_dir} {problem}, replacing {'its final/ and ' if finished else ''}"
+                         f"its later checkpoints with other weights and cutting metrics.jsonl back to step {start}. "
+                         f"To train a new run from older weights, pass --init-from {older} with another --output-dir; "
+                         f"to rewind this run, pass --allow-rewind (what it replaces is then kept in {aside})")
+    if start > max_steps:  # a named checkpoint: an allowed rewind otherwise looks no further than max_steps
+        raise ValueError(f"--resume-from {checkpoint.name} is past --max-steps {max_steps}; resume from a checkpoint "
+                         f"at or before step {max_steps}, or raise --max-steps")
+    if aside.exists():
+        raise ValueError(f"--allow-rewind: {aside} already holds what an earlier rewind from step {reached} set "
+                         "aside; move or delete it first")
+    return reached

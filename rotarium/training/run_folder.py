@@ -11,6 +11,9 @@ A run folder holds::
     training_args.json, loss_curve.png
     .lock                           while a run holds the folder (:mod:`rotarium.training.lock`)
     previous/                       while an ``--overwrite`` run has no checkpoint yet: the run it replaces
+    rewound-from-step-<N>/          what a ``--resume --allow-rewind`` replaced of a run that had reached step N:
+                                    its final/, the checkpoints after the one resumed from, and copies of its
+                                    metrics.jsonl, training_args.json and loss_curve.png
 
 A checkpoint is written into a hidden ``.<name>.tmp`` folder and renamed into place, and only folders with
 ``COMPLETE`` are resumed from, so a run killed while saving never leaves a checkpoint that ``--resume`` would pick
@@ -20,12 +23,15 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 import shutil
 from pathlib import Path
 from typing import Any
 
-from rotarium.utils.files import fsync_tree, write_json_atomic, write_text_atomic
+from rotarium.utils.files import fsync_tree, read_jsonl, write_json_atomic, write_text_atomic
+
+logger = logging.getLogger(__name__)
 
 TOKENIZER = "tokenizer"
 CHECKPOINTS = "checkpoints"
@@ -40,6 +46,7 @@ COMPLETE = "COMPLETE"
 CHECKSUMS = "checksums.json"
 PREVIOUS = "previous"
 REPLACING = ".replacing"  # what an --overwrite run writes before the old run is set aside (its tokenizer)
+REWOUND = "rewound-from-step-{}"
 # What `--overwrite` deletes: everything a run writes, nothing else the user keeps in the folder.
 RUN_FILES = (CHECKPOINTS, FINAL, TOKENIZER, METRICS, TRAINING_ARGS, LOSS_CURVE)
 
@@ -115,8 +122,12 @@ def latest_checkpoint(run_dir: str | os.PathLike) -> Path | None:
 
 def is_good(checkpoint: Path) -> bool:
     """The checkpoint's verdict (:mod:`rotarium.training.guard`); a checkpoint with no recorded verdict counts as
-    good."""
-    return read_trainer_state(checkpoint).get("good", True)
+    good, one whose trainer state cannot be read as not good (with a warning naming the file)."""
+    try:
+        return read_trainer_state(checkpoint).get("good", True)
+    except CorruptCheckpoint as error:
+        logger.warning("%s; it is skipped as not good", error)
+        return False
 
 
 def latest_good_checkpoint(run_dir: str | os.PathLike) -> Path | None:
@@ -158,7 +169,7 @@ def _sha256(path: Path) -> str:
 
 
 class CorruptCheckpoint(ValueError):
-    """A file of a checkpoint differs from what its ``checksums.json`` recorded."""
+    """A file of a checkpoint differs from what its ``checksums.json`` recorded, or cannot be read."""
 
 
 def verify_checkpoint(checkpoint: Path) -> bool:
@@ -186,4 +197,52 @@ def verify_checkpoint(checkpoint: Path) -> bool:
 
 
 def read_trainer_state(checkpoint: Path) -> dict[str, Any]:
-    return json.loads((checkpoint / TRAINER_STATE).read_text())
+    """The checkpoint's ``trainer_state.json``; raises :class:`CorruptCheckpoint` naming it when it is missing,
+    not JSON or has no step."""
+    path = checkpoint / TRAINER_STATE
+    try:
+        state = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as error:  # a JSON or UTF-8 error is a ValueError
+        raise CorruptCheckpoint(f"{checkpoint.name}/{TRAINER_STATE} is unreadable ({error})") from None
+    if not isinstance(state, dict) or not isinstance(state.get("step"), int):
+        raise CorruptCheckpoint(f"{checkpoint.name}/{TRAINER_STATE} is damaged: it records no step")
+    return state
+
+
+def final_step(run_dir: Path) -> int | None:
+    """The step of the run's final model: the ``train.max_steps`` it was saved with, else the last step of
+    ``metrics.jsonl``; ``None`` when there is no final model or neither says."""
+    if not (run_dir / FINAL).is_dir():
+        return None
+    try:
+        step = json.loads((run_dir / FINAL / TRAINING_ARGS).read_text(encoding="utf-8")).get("train.max_steps")
+    except (OSError, ValueError, AttributeError):
+        step = None
+    if isinstance(step, int):
+        return step
+    steps = [r["step"] for r in read_jsonl(run_dir / METRICS) if isinstance(r, dict) and isinstance(r.get("step"), int)]
+    return max(steps) if steps else None
+
+
+def rewound_dir(run_dir: Path, reached: int) -> Path:
+    return run_dir / REWOUND.format(reached)
+
+
+def set_aside_rewound(run_dir: Path, start_step: int, reached: int) -> Path:
+    """Moves what a run resumed at ``start_step`` would replace of the history that reached step ``reached`` into
+    :func:`rewound_dir` (which must not exist): ``final/`` and every checkpoint after ``start_step``, with copies of
+    the run's metrics, arguments and loss curve (which the resumed run cuts back and rewrites)."""
+    aside = rewound_dir(run_dir, reached)
+    aside.mkdir()
+    for name in (METRICS, TRAINING_ARGS, LOSS_CURVE):
+        if (run_dir / name).is_file():
+            shutil.copy2(run_dir / name, aside / name)
+    if (run_dir / FINAL).exists():
+        os.replace(run_dir / FINAL, aside / FINAL)
+    checkpoints = run_dir / CHECKPOINTS
+    later = [p for p in checkpoints.iterdir() if (checkpoint_step(p) or 0) > start_step] if checkpoints.is_dir() else []
+    if later:
+        (aside / CHECKPOINTS).mkdir()
+        for path in sorted(later, key=checkpoint_step):
+            os.replace(path, aside / CHECKPOINTS / path.name)
+    return aside

@@ -8,7 +8,9 @@ Nothing of an earlier run is touched before the new run has its config, data and
 the old run into ``previous/``, deletes it once the new run has written its first checkpoint (or final model), and
 puts it back if the new run stops with an error before that. ``--resume`` continues from the checkpoint
 :func:`rotarium.training.resume.choose_checkpoint` picks, with a config :func:`~rotarium.training.resume.check_config`
-accepts.
+accepts, and never goes back on the run's work (:func:`~rotarium.training.resume.check_rewind`) unless
+``--allow-rewind`` says so, which sets what it replaces aside once the set-up has succeeded. A run that does not
+continue a checkpoint builds its tokenizer from its own config, whatever an earlier run left in the folder.
 """
 from __future__ import annotations
 
@@ -38,7 +40,13 @@ from rotarium.training.guard import LossGuard
 from rotarium.training.lock import RunLock
 from rotarium.training.metrics import append_record, plot_loss_curve, truncate_metrics
 from rotarium.training.optim import build_optimizer, clip_norm, set_learning_rate
-from rotarium.training.resume import check_allowed_keys, check_config, check_launch, choose_checkpoint
+from rotarium.training.resume import (
+    check_allowed_keys,
+    check_config,
+    check_launch,
+    check_rewind,
+    choose_checkpoint,
+)
 from rotarium.training.run_folder import (
     ACCELERATE_STATE,
     EVAL,
@@ -57,6 +65,7 @@ from rotarium.training.run_folder import (
     prune_checkpoints,
     read_trainer_state,
     restore_previous_run,
+    set_aside_rewound,
     set_aside_run,
     staging_folder,
 )
@@ -105,10 +114,12 @@ class Trainer:
 
     ``resume``: continue from the run's newest good, verified checkpoint, or from ``resume_from`` (``step-N``);
     ``allow_config_change``: config keys that may differ from the run's on resume (:mod:`rotarium.training.resume`);
+    ``allow_rewind``: let a resume go back before the step the run reached (see the module docstring);
     ``overwrite``: replace the run in ``run_dir`` (see the module docstring)."""
 
     def __init__(self, config: Config, run_dir: str | os.PathLike, *, resume: bool = False,
-                 overwrite: bool = False, resume_from: str | None = None, allow_config_change: Iterable[str] = ()):
+                 overwrite: bool = False, resume_from: str | None = None, allow_config_change: Iterable[str] = (),
+                 allow_rewind: bool = False):
         self.config, self.run_dir = config, Path(run_dir)
         t = config.train
         check_trackers(t.report_to)
@@ -117,6 +128,7 @@ class Trainer:
         self.accelerator = make_accelerator(t, self.run_dir)
         self._lock: RunLock | None = None
         self._previous_pending = False  # main process: an --overwrite's old run waits in previous/
+        self.allow_rewind = allow_rewind
         try:
             self._set_up(resume or resume_from is not None, overwrite, resume_from, set(allow_config_change))
         except BaseException:
@@ -131,11 +143,16 @@ class Trainer:
 
         acc, config, t = self.accelerator, self.config, self.config.train
 
-        def take_folder() -> tuple[str | None, bool]:
-            self._lock = RunLock(self.run_dir)
+        def take_folder() -> tuple[str | None, bool, int | None]:
+            try:
+                self._lock = RunLock(self.run_dir)
+            except OSError as error:  # a special or read-only file system that the permission bits do not show
+                why = f"{error.strerror or error}: {error.filename or self.run_dir}"
+                raise ValueError(f"--output-dir {self.run_dir} cannot be created or written ({why}); choose a folder "
+                                 "on a writable file system") from None
             return self._plan(resume, overwrite, resume_from, allowed)
 
-        resume_path, replacing = self._main_decides(take_folder)
+        resume_path, replacing, rewind_from = self._main_decides(take_folder)
         set_seed(t.seed)
         self.resume_from = Path(resume_path) if resume_path is not None else None
         self.start_step = 0
@@ -150,7 +167,7 @@ class Trainer:
             train_docs = split_documents(documents, config.data.validation_fraction, t.seed)[0]
         # An --overwrite run keeps its tokenizer apart until the old run is set aside (it must not reuse the old one).
         self.tokenizer = prepare_tokenizer(config, self.run_dir / REPLACING if replacing else self.run_dir,
-                                           train_docs, acc)
+                                           train_docs, acc, reuse=self.resume_from is not None)
         self.data = prepare_data(config, self.tokenizer, acc.num_processes, acc.process_index, self.start_step,
                                  documents)
         self.accum = accumulation_steps(config, acc.num_processes)
@@ -171,6 +188,11 @@ class Trainer:
             (self.run_dir / REPLACING).rmdir()
             logger.warning("--overwrite: the run in %s is moved to %s until this run writes its first checkpoint",
                            self.run_dir, self.run_dir / PREVIOUS)
+        if rewind_from is not None and acc.is_main_process:
+            aside = set_aside_rewound(self.run_dir, self.start_step, rewind_from)
+            logger.warning("--allow-rewind: the run goes back from step %d to step %d; its final model, later "
+                           "checkpoints and metrics up to step %d are kept in %s", rewind_from, self.start_step,
+                           rewind_from, aside)
         acc.wait_for_everyone()
         if t.report_to:
             acc.init_trackers("rotarium", config=self._flat_config())
@@ -195,27 +217,33 @@ class Trainer:
         return outcome[1]
 
     def _plan(self, resume: bool, overwrite: bool, resume_from: str | None,
-              allowed: set[str]) -> tuple[str | None, bool]:
-        """What to do with the run folder (main process, under the lock): ``(checkpoint to resume, replacing)``."""
-        run_dir = self.run_dir
+              allowed: set[str]) -> tuple[str | None, bool, int | None]:
+        """What to do with the run folder (main process, under the lock): ``(checkpoint to resume, replacing, the
+        step an allowed rewind goes back from)``."""
+        run_dir, max_steps = self.run_dir, self.config.train.max_steps
         if allowed and not resume:
             raise ValueError("--allow-config-change applies to --resume only")
+        if self.allow_rewind and not resume:
+            raise ValueError("--allow-rewind applies to --resume only")
         check_allowed_keys(allowed)
         previous = run_dir / PREVIOUS
         if resume:
-            checkpoint = choose_checkpoint(run_dir, resume_from)
+            checkpoint = choose_checkpoint(run_dir, resume_from, at_most=max_steps if self.allow_rewind else None)
+            rewind_from = check_rewind(run_dir, checkpoint, max_steps, named=resume_from is not None,
+                                       allow=self.allow_rewind)
             if checkpoint is not None:
                 check_config(checkpoint, self.config, allowed)
                 check_launch(checkpoint, fsdp=self.accelerator.distributed_type == "FSDP")
-                return str(checkpoint), False
-            logger.warning("--resume: no complete checkpoint in %s; starting from step 0%s", run_dir,
+                return str(checkpoint), False, rewind_from
+            logger.warning("--resume: no complete checkpoint in %s%s; starting from step 0%s", run_dir,
+                           f" at or before step {max_steps}" if self.allow_rewind else "",
                            f" ({previous} holds the run an --overwrite set aside)" if previous.exists() else "")
-            return None, False
+            return None, False, rewind_from
         if not holds_run(run_dir):
             if previous.exists():
                 logger.warning("%s holds the run an earlier --overwrite set aside (that run was stopped before its "
                                "first checkpoint); it is kept: delete it, or move it back, yourself", previous)
-            return None, False
+            return None, False, None
         if not overwrite:
             raise ValueError(f"--output-dir {run_dir} already holds a run; pass --resume to continue it, "
                              "--overwrite to start over, or choose another --output-dir")
@@ -223,7 +251,7 @@ class Trainer:
             raise ValueError(f"--overwrite: {previous} holds a run an earlier --overwrite set aside, and "
                              f"{run_dir} holds another; delete one (or move {previous}'s files back) first")
         shutil.rmtree(run_dir / REPLACING, ignore_errors=True)  # what a killed --overwrite run had staged
-        return None, True
+        return None, True, None
 
     def _put_previous_back(self) -> None:
         """Main process: the run stopped before its first checkpoint, so the run it was replacing returns."""
