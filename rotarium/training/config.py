@@ -325,10 +325,7 @@ def check_model_options(m: ModelSection) -> None:
         raise ValueError(f"`model.options` ({', '.join(m.options)}) cannot be combined with `--init-from "
                          f"{m.init_from}`: the checkpoint's own config is used")
     family = PRESETS[m.preset][0] if m.preset is not None else m.family
-    for key in m.options:
-        if key in SET_BY_RUN:
-            raise ValueError(f"`model.options.{key}` is set by {SET_BY_RUN[key]}, not as an option")
-    CONFIGS[family].check_field_names(m.options, kind="model option", prefix="model.options.", unlisted=SET_BY_RUN)
+    CONFIGS[family].check_options(m.options, prefix="model.options.", set_elsewhere=SET_BY_RUN)
 
 
 def parse_overrides(tokens: list[str]) -> dict[str, str]:
