@@ -11,6 +11,7 @@ import os
 import sys
 
 COMMAND_MODULES = (
+    "rotarium.data.cli",        # prepare
     "rotarium.training.cli",    # train
     "rotarium.evaluation.cli",  # eval, generate
     "rotarium.hub.cli",         # export, push

@@ -1,0 +1,350 @@
+"""`rotarium prepare` and the prepared-folder reader: what goes in comes back in order, the bytes depend on the
+source and the settings only (not on the processes or a kill), and bad input or a changed folder gets one line."""
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from rotarium.data import prepared
+from rotarium.data.config import DataSection
+from rotarium.data.documents import embedded_documents, iter_documents, split_documents
+from rotarium.data.prepared import PreparedCorpus, held_out_rule, prepare, token_dtype
+from rotarium.data.tokenizer import train_bpe
+from tests.reliability.cli_cases import error_line, run_cli_cases
+from tests.training.conftest import ROOT
+
+DOCUMENTS = 60
+SHARD_TOKENS = 4000
+
+
+@pytest.fixture(scope="module")
+def source(tmp_path_factory) -> Path:
+    """A text file of 60 documents of the embedded corpus; its reader splits some of them again (at two blank
+    lines)."""
+    path = tmp_path_factory.mktemp("source") / "docs.txt"
+    path.write_text("\n\n\n".join(embedded_documents()[:DOCUMENTS]), encoding="utf-8")
+    return path
+
+
+@pytest.fixture(scope="module")
+def tokenizer_folder(tmp_path_factory, source) -> Path:
+    """A byte-level BPE of 300 tokens, saved once for the tests that do not train their own."""
+    folder = tmp_path_factory.mktemp("tokenizer")
+    train_bpe(embedded_documents()[:DOCUMENTS], 300).save_pretrained(folder)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory, source, tokenizer_folder) -> Path:
+    """The uninterrupted prepare, in one process, that the others must equal byte for byte."""
+    out = tmp_path_factory.mktemp("reference") / "prepared"
+    prepare(str(source), out, tokenizer=str(tokenizer_folder), shard_tokens=SHARD_TOKENS, num_proc=1,
+            progress=False)
+    return out
+
+
+def folder_bytes(folder: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def source_documents(path: Path) -> list[str]:
+    return list(iter_documents(DataSection(source=str(path))))
+
+
+def interleaved(corpus: PreparedCorpus, total: int) -> list[str]:
+    """Every document of the folder decoded, in source order (train and validation merged by the held-out rule)."""
+    tokenizer = corpus.load_tokenizer()
+    held = corpus.held_out().decider()
+    train, validation = iter(corpus.train), iter(corpus.validation)
+    return [corpus.decode(next(validation if held(i) else train), tokenizer) for i in range(total)]
+
+
+def test_decoding_gives_back_the_source_documents_in_order(reference, source):
+    corpus = PreparedCorpus(reference)
+    documents = source_documents(source)
+    assert corpus.train.num_documents + corpus.validation.num_documents == len(documents) > DOCUMENTS
+    assert corpus.validation.num_documents == round(0.05 * len(documents))
+    assert interleaved(corpus, len(documents)) == documents
+    # every document ends with eos; rotarium's BPE adds no bos, as training packs documents
+    assert corpus.bos_id is None
+    assert all(doc[-1] == corpus.eos_id for doc in corpus.train)
+    # the held-out documents are the ones `rotarium train` holds out with the same seed and fraction
+    train_docs, held_docs = split_documents(documents, 0.05, 0)
+    tokenizer = corpus.load_tokenizer()
+    assert [corpus.decode(d, tokenizer) for d in corpus.validation] == held_docs
+    assert [corpus.decode(d, tokenizer) for d in corpus.train] == train_docs
+    corpus.verify()
+
+
+def test_shards_split_at_shard_tokens_and_read_as_one_stream(reference):
+    split = PreparedCorpus(reference).train
+    assert split.num_shards > 3
+    stream = np.concatenate([np.asarray(split.shard(k)[0]) for k in range(split.num_shards)])
+    assert len(stream) == split.num_tokens
+    for k in range(split.num_shards):
+        tokens, offsets = split.shard(k)
+        assert isinstance(tokens, np.memmap) and tokens.dtype == np.uint16
+        assert offsets[0] == 0 and offsets[-1] == len(tokens) and np.all(np.diff(offsets) > 0)
+        first_length = offsets[1] - offsets[0]
+        assert len(tokens) <= SHARD_TOKENS or len(offsets) == 2  # over the limit only for one long document
+        if k + 1 < split.num_shards:  # a shard closes only when the next document would not fit
+            next_offsets = split.shard(k + 1)[1]
+            assert len(tokens) + next_offsets[1] > SHARD_TOKENS, first_length
+    offsets = split.document_offsets()
+    assert len(offsets) == split.num_documents + 1 and offsets[-1] == split.num_tokens
+    for i in (0, 7, split.num_documents - 1):
+        assert np.array_equal(split.document(i), stream[offsets[i]:offsets[i + 1]])
+    # a window across a shard boundary
+    start = int(split.shard_starts[1]) - 100
+    assert np.array_equal(split.tokens(start, start + 300), stream[start:start + 300])
+    starts = split.document_starts(start, start + 300)
+    assert list(starts) == [o - start for o in offsets if start < o < start + 300]
+
+
+def test_token_dtype_is_uint16_when_the_vocabulary_fits():
+    class Vocabulary:
+        def __init__(self, size):
+            self.size = size
+
+        def get_vocab(self):
+            return {"a": self.size - 1}
+
+        def __len__(self):
+            return self.size
+
+    assert token_dtype(Vocabulary(2 ** 16)) == np.uint16
+    assert token_dtype(Vocabulary(2 ** 16 + 1)) == np.uint32
+
+
+def test_a_vocabulary_beyond_16_bits_writes_uint32(tmp_path, source):
+    tokenizer = train_bpe(embedded_documents()[:DOCUMENTS], 300)
+    tokenizer.add_tokens([f"<extra_{i}>" for i in range(2 ** 16)])
+    tokenizer.save_pretrained(tmp_path / "big")
+    text = tmp_path / "big.txt"
+    text.write_text("plain words\n\n\nand <extra_65535> the last added token", encoding="utf-8")
+    corpus = prepare(str(text), tmp_path / "out", tokenizer=str(tmp_path / "big"), validation_fraction=0,
+                     progress=False)
+    tokens = corpus.train.shard(0)[0]
+    assert corpus.dtype == np.uint32 and tokens.dtype == np.uint32 and int(tokens.max()) >= 2 ** 16
+    assert interleaved(corpus, 2) == source_documents(text)
+
+
+def test_two_processes_write_the_same_bytes_as_one(tmp_path, source, tokenizer_folder, reference):
+    prepare(str(source), tmp_path / "out", tokenizer=str(tokenizer_folder), shard_tokens=SHARD_TOKENS, num_proc=2,
+            progress=False)
+    assert folder_bytes(tmp_path / "out") == folder_bytes(reference)
+
+
+class Killed(Exception):
+    pass
+
+
+@pytest.fixture(scope="module")
+def jsonl_source(tmp_path_factory) -> Path:
+    """The 60 documents as JSON Lines, one document a row."""
+    path = tmp_path_factory.mktemp("jsonl") / "docs.jsonl"
+    path.write_text("".join(json.dumps({"text": d}) + "\n" for d in embedded_documents()[:DOCUMENTS]),
+                    encoding="utf-8")
+    return path
+
+
+@pytest.mark.parametrize("num_proc, streaming", [(1, False), (2, False), (2, True)])
+def test_a_prepare_killed_after_its_first_shard_continues_to_the_same_bytes(
+        tmp_path, monkeypatch, source, jsonl_source, tokenizer_folder, reference, num_proc, streaming):
+    # the stream holds out 30% so that both splits have documents pending at the kill
+    settings = {"tokenizer": str(tokenizer_folder), "shard_tokens": SHARD_TOKENS, "num_proc": num_proc,
+                "progress": False}
+    if streaming:
+        settings.update(streaming=True, validation_fraction=0.3)
+        uninterrupted = tmp_path / "uninterrupted"
+        prepare(str(jsonl_source), uninterrupted, **settings)
+    src = str(jsonl_source if streaming else source)
+    original = prepared._write_progress
+
+    def die_after_first_shard(out, record):
+        original(out, record)
+        if record["splits"]["train"]["shards"]:
+            raise Killed
+
+    monkeypatch.setattr(prepared, "_write_progress", die_after_first_shard)
+    out = tmp_path / "out"
+    with pytest.raises(Killed):
+        prepare(src, out, **settings)
+    progress = json.loads((out / prepared.PROGRESS).read_text())["splits"]
+    assert len(progress["train"]["shards"]) == 1
+    with pytest.raises(ValueError, match="did not finish.*rerun `rotarium prepare`"):
+        PreparedCorpus(out)
+    monkeypatch.setattr(prepared, "_write_progress", original)
+    prepare(src, out, **settings)
+    assert folder_bytes(out) == folder_bytes(uninterrupted if streaming else reference)
+    if streaming:
+        assert progress["validation"]["resume"] < progress["train"]["resume"]  # its pending part was read again
+
+
+KILL_AFTER_FIRST_SHARD = """
+import os, signal, sys
+from rotarium.data import prepared
+original = prepared._write_progress
+def kill(out, record):
+    original(out, record)
+    if record["splits"]["train"]["shards"]:
+        os.kill(os.getpid(), signal.SIGKILL)
+prepared._write_progress = kill
+prepared.prepare(sys.argv[1], sys.argv[2], tokenizer=sys.argv[3], shard_tokens=int(sys.argv[4]), num_proc=1,
+                 progress=False)
+"""
+
+
+def test_a_prepare_killed_by_sigkill_continues_to_the_same_bytes(tmp_path, source, tokenizer_folder, reference):
+    out = tmp_path / "out"
+    # the environment of this process: transformers records HF_HUB_OFFLINE in a saved tokenizer's config
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.run([sys.executable, "-c", KILL_AFTER_FIRST_SHARD, str(source), str(out),
+                           str(tokenizer_folder), str(SHARD_TOKENS)], env=env, capture_output=True, text=True,
+                          timeout=300, check=False)
+    assert proc.returncode == -signal.SIGKILL, proc.stderr[-3000:]
+    assert not (out / prepared.METADATA).exists()
+    prepare(str(source), out, tokenizer=str(tokenizer_folder), shard_tokens=SHARD_TOKENS, num_proc=1,
+            progress=False)
+    assert folder_bytes(out) == folder_bytes(reference)
+
+
+def test_a_stream_holds_out_by_a_seeded_hash_and_keeps_the_order(tmp_path, jsonl_source, tokenizer_folder):
+    documents = embedded_documents()[:DOCUMENTS]
+    corpus = prepare(str(jsonl_source), tmp_path / "out", tokenizer=str(tokenizer_folder), streaming=True,
+                     validation_fraction=0.2, seed=3, num_proc=2, shard_tokens=SHARD_TOKENS, progress=False)
+    assert corpus.held_out().rule == "hash"
+    assert corpus.metadata["documents"] == DOCUMENTS and 0 < corpus.validation.num_documents < DOCUMENTS
+    assert interleaved(corpus, DOCUMENTS) == documents
+    by_count = prepare(str(jsonl_source), tmp_path / "first", tokenizer=str(tokenizer_folder), streaming=True,
+                       validation_documents=5, progress=False)
+    tokenizer = by_count.load_tokenizer()
+    assert [by_count.decode(d, tokenizer) for d in by_count.validation] == documents[:5]
+
+
+def test_bos_starts_each_document_where_the_tokenizer_adds_one(tmp_path, source):
+    from tokenizers import processors
+
+    tokenizer = train_bpe(embedded_documents()[:DOCUMENTS], 300)
+    tokenizer.backend_tokenizer.post_processor = processors.TemplateProcessing(
+        single="<|bos|> $A", special_tokens=[("<|bos|>", tokenizer.bos_token_id)])
+    tokenizer.save_pretrained(tmp_path / "with_bos")
+    corpus = prepare(str(source), tmp_path / "out", tokenizer=str(tmp_path / "with_bos"), progress=False)
+    assert corpus.bos_id == tokenizer.bos_token_id == 1
+    assert all(doc[0] == corpus.bos_id and doc[-1] == corpus.eos_id and corpus.bos_id not in doc[1:]
+               for doc in corpus.train)
+    assert interleaved(corpus, len(source_documents(source))) == source_documents(source)
+
+
+def test_held_out_rules():
+    assert held_out_rule(False, 100, 0.05, None, 0).documents == 5
+    assert held_out_rule(False, 100, None, 7, 0).mask().sum() == 7
+    assert held_out_rule(False, 100, 0.0, None, 0).mask().sum() == 0
+    with pytest.raises(ValueError, match="--validation-documents 3 holds out 3 of the source's 3"):
+        held_out_rule(False, 3, None, 3, 0)
+    hashed = held_out_rule(True, None, 0.1, None, 0).decider()
+    share = sum(map(hashed, range(20000))) / 20000
+    assert 0.09 < share < 0.11
+
+
+def test_a_complete_folder_is_returned_and_a_different_prepare_refused(tmp_path, source, tokenizer_folder,
+                                                                       reference):
+    before = folder_bytes(reference)
+    again = prepare(str(source), reference, tokenizer=str(tokenizer_folder), shard_tokens=SHARD_TOKENS,
+                    progress=False)
+    assert again.fingerprint == PreparedCorpus(reference).fingerprint and folder_bytes(reference) == before
+    with pytest.raises(ValueError, match=r"other settings: --shard-tokens 4000 \(now 5000\)"):
+        prepare(str(source), reference, tokenizer=str(tokenizer_folder), shard_tokens=5000, progress=False)
+    # the same tokenizer folder, changed in place, is refused by name
+    changed = tmp_path / "changed"
+    tokenizer = train_bpe(embedded_documents()[:DOCUMENTS], 290)
+    tokenizer.save_pretrained(changed)
+    copy = tmp_path / "copy"
+    copy.mkdir()
+    for name, data in before.items():
+        (copy / name).parent.mkdir(parents=True, exist_ok=True)
+        (copy / name).write_bytes(data)
+    metadata = json.loads((copy / "metadata.json").read_text())
+    metadata["settings"]["tokenizer"] = str(changed)
+    (copy / "metadata.json").write_text(json.dumps(metadata))
+    with pytest.raises(ValueError, match=f"--tokenizer {changed} is not the tokenizer OUT"):
+        prepare(str(source), copy, tokenizer=str(changed), shard_tokens=SHARD_TOKENS, progress=False)
+
+
+def test_the_reader_refuses_a_damaged_folder(tmp_path, reference):
+    copy = tmp_path / "copy"
+    for name, data in folder_bytes(reference).items():
+        (copy / name).parent.mkdir(parents=True, exist_ok=True)
+        (copy / name).write_bytes(data)
+    shard = copy / "train" / "00001.tokens.npy"
+    data = bytearray(shard.read_bytes())
+    data[-1] ^= 1
+    shard.write_bytes(bytes(data))
+    with pytest.raises(ValueError, match="00001.tokens.npy changed since it was prepared"):
+        PreparedCorpus(copy).verify()
+    shard.write_bytes(bytes(data[:-2]))
+    with pytest.raises(ValueError, match="00001.tokens.npy has .* bytes, .* records"):
+        PreparedCorpus(copy)
+    train_bpe(embedded_documents()[:DOCUMENTS], 290).save_pretrained(copy / "tokenizer")
+    shard.write_bytes(bytes(data))
+    with pytest.raises(ValueError, match="is not the tokenizer .* was prepared with"):
+        PreparedCorpus(copy).load_tokenizer()
+    (copy / "metadata.json").unlink()
+    with pytest.raises(ValueError, match="no metadata.json: it is not a prepared folder"):
+        PreparedCorpus(copy)
+
+
+def test_bad_input_gets_one_line(tmp_path, source, tokenizer_folder, reference):
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text('{"text": "  "}\n{"text": ""}\n', encoding="utf-8")
+    latin = tmp_path / "latin.txt"
+    latin.write_bytes(b"plain text, then caf\xe9 and more")
+    no_field = tmp_path / "body.jsonl"
+    no_field.write_text('{"body": "text"}\n', encoding="utf-8")
+    no_eos = tmp_path / "no_eos"
+    tokenizer = train_bpe(embedded_documents()[:DOCUMENTS], 300)
+    tokenizer.eos_token = None
+    tokenizer.save_pretrained(no_eos)
+    a_file = tmp_path / "a_file"
+    a_file.write_text("not a folder")
+    read_only = tmp_path / "read_only"
+    read_only.mkdir()
+    read_only.chmod(0o555)
+    foreign = tmp_path / "foreign"
+    foreign.mkdir()
+    (foreign / "notes.txt").write_text("mine")
+    tok = ["--tokenizer", str(tokenizer_folder), "--no-progress"]
+    cases = {
+        "empty": ["prepare", str(empty), str(tmp_path / "o1"), *tok],
+        "latin": ["prepare", str(latin), str(tmp_path / "o2"), *tok],
+        "no_field": ["prepare", str(no_field), str(tmp_path / "o3"), *tok],
+        "no_eos": ["prepare", str(source), str(tmp_path / "o4"), "--tokenizer", str(no_eos)],
+        "out_file": ["prepare", str(source), str(a_file), *tok],
+        "read_only": ["prepare", str(source), str(read_only / "out"), *tok],
+        "foreign": ["prepare", str(source), str(foreign), *tok],
+        "other_prepare": ["prepare", str(source), str(reference), *tok, "--shard-tokens", "99"],
+        "other_tokenizer": ["prepare", str(source), str(reference), "--tokenizer", str(no_eos.parent / "o9"),
+                            "--shard-tokens", str(SHARD_TOKENS)],
+        "fraction": ["prepare", str(source), str(tmp_path / "o5"), *tok, "--validation-fraction", "1.5"],
+        "ok": ["prepare", str(source), str(tmp_path / "o6"), *tok, "--num-proc", "2"],
+    }
+    results = run_cli_cases(cases, tmp_path, skip_if_writable={"read_only": read_only})
+    assert "holds no documents" in error_line(results["empty"], "prepare")
+    assert f"{latin} is not UTF-8 text (byte 20" in error_line(results["latin"], "prepare")
+    assert "`data.text_field=text` is not a column" in error_line(results["no_field"], "prepare")
+    assert "has no eos token" in error_line(results["no_eos"], "prepare")
+    assert f"OUT {a_file} is not a folder" in error_line(results["out_file"], "prepare")
+    if results["read_only"] is not None:
+        assert "is not writable" in error_line(results["read_only"], "prepare")
+    assert "notes.txt" in error_line(results["foreign"], "prepare")
+    assert "other settings: --shard-tokens 4000 (now 99)" in error_line(results["other_prepare"], "prepare")
+    assert "other settings: --tokenizer" in error_line(results["other_tokenizer"], "prepare")
+    assert "--validation-fraction must be in [0, 1)" in error_line(results["fraction"], "prepare")
+    assert results["ok"][0] == 0, results["ok"][1][-3000:]
+    corpus = PreparedCorpus(tmp_path / "o6")
+    assert corpus.train.num_documents + corpus.validation.num_documents == len(source_documents(source))
