@@ -18,8 +18,8 @@ A checkpoint is a folder written by ``save_pretrained`` of a rotarium model: ``c
 
 Export never reads through a symbolic link that leaves the folder it is in (the checkpoint folder, or the run folder
 the metadata is found in): a link to a private file would publish it. Such a link is refused with a ``ValueError``
-naming it; links inside the folder, and those of a Hugging Face cache snapshot into its own ``blobs/``, are
-followed.
+naming it; links inside the folder, and those of a real Hugging Face cache snapshot into its own repository's
+``blobs/`` (checked on resolved paths, :mod:`rotarium.hub.paths`), are followed.
 """
 from __future__ import annotations
 
@@ -30,7 +30,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from huggingface_hub.utils import HFValidationError, validate_repo_id
+
 from rotarium.data.documents import LOCAL_FORMATS
+from rotarium.hub.paths import confined
 from rotarium.models import CONFIGS
 from rotarium.utils.files import read_jsonl
 
@@ -74,7 +77,7 @@ class Checkpoint:
             value = args.get(key)
             values = [value] if isinstance(value, str) else value
             if isinstance(values, list) and values and all(isinstance(v, str) and v for v in values):
-                return [v for v in values if not looks_like_local_path(v)]
+                return [v for v in values if is_hub_id(v)]
         return []
 
     @property
@@ -87,6 +90,16 @@ class Checkpoint:
         return None
 
 
+def is_hub_id(value: str) -> bool:
+    """Whether ``value`` is a Hub repository id (``name`` or ``namespace/name``, of the Hub's characters only) and
+    no local path: only such a value may become a link or metadata in a published card."""
+    try:
+        validate_repo_id(value)
+    except HFValidationError:
+        return False
+    return not looks_like_local_path(value)
+
+
 def looks_like_local_path(value: str) -> bool:
     """Whether ``value`` names a local file or folder rather than a Hub id (``name`` or ``namespace/name``): it is
     absolute (``/x``, ``~/x``, ``C:\\x``, ``\\\\host\\x``), dot-relative (``./x``), a path of more than two parts
@@ -95,21 +108,6 @@ def looks_like_local_path(value: str) -> bool:
     return (value.startswith(("/", "~", "./", "../", "\\\\")) or re.match(r"[A-Za-z]:[\\/]", value) is not None
             or (value.count("/") > 1 and not any(c.isspace() for c in value))
             or (os.path.splitext(value)[1] in LOCAL_FORMATS and " " not in value) or os.path.exists(value))
-
-
-def _confined(path: Path, folder: Path) -> Path:
-    """``path`` (inside ``folder``) if what it names, through any symbolic link, is inside ``folder`` too; else a
-    ``ValueError`` naming the link (see the module docstring)."""
-    root = folder.resolve()
-    if root.parent.name == "snapshots":  # a Hugging Face cache snapshot: its files link into <repo>/blobs/
-        root = root.parent.parent
-    target = path.resolve()
-    if target == root or root in target.parents:
-        return path
-    link = next((p for p in (path, *path.parents) if p.is_symlink()), path)
-    raise ValueError(f"{link} is a symbolic link to {os.readlink(link)}, outside {folder}; export reads no file "
-                     "from outside the checkpoint (a link could publish a private file): replace the link with a "
-                     "copy of the file, or remove it")
 
 
 def _read_json(path: Path, what: str) -> Any:
@@ -125,7 +123,7 @@ def _find(checkpoint: Path, name: str) -> Path | None:
         folders.append(checkpoint.parent.parent)
     for folder in folders:
         if (folder / name).exists() or (folder / name).is_symlink():
-            return _confined(folder / name, folder)
+            return confined(folder / name, folder)
     return None
 
 
@@ -154,7 +152,7 @@ def read_checkpoint(path: str | Path) -> Checkpoint:
                          "(it holds config.json and the weights)")
     for entry in sorted(path.iterdir()):  # what export reads or copies: the files at the top (weights, tokenizer)
         if not entry.is_dir():
-            _confined(entry, path)
+            confined(entry, path)
     if not (path / "config.json").is_file():
         raise ValueError(f"{path} is not a rotarium checkpoint: it has no config.json (a save_pretrained folder "
                          "holds config.json and model.safetensors)")
@@ -178,7 +176,7 @@ def read_checkpoint(path: str | Path) -> Checkpoint:
     eval_dir = _find(path, EVAL_DIR)
     if eval_dir is not None and eval_dir.is_dir():
         for entry in sorted(eval_dir.iterdir()):
-            _confined(entry, eval_dir.parent)
+            confined(entry, eval_dir.parent)
         for table in sorted(eval_dir.glob("*.json")):
             rows = table_rows(_read_json(table, "evaluation table"))
             if rows is not None:

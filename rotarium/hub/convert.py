@@ -17,6 +17,14 @@ fla's config is read through fla's own config class where fla is importable, so 
 legacy keys apply exactly as fla reads them; without fla, the defaults of fla 0.6 for the fields read here
 (:data:`FLA_DEFAULTS`) stand in.
 
+A source is someone else's folder, so it is read as untrusted input. Every file read (config, index, weights,
+tokenizer) must resolve inside the source folder, or, for a Hub download, into its cache repository's ``blobs/``
+(:mod:`rotarium.hub.paths`), whatever an index entry or a link says; a ``.bin`` is unpickled with
+``weights_only=True`` only; safetensors headers are checked against the file's size; and the config is compared
+with the weights' tensor names and shapes (read from the headers) on a model built on the meta device, so a config
+that asks for more than its weights hold is refused before anything of its size is allocated. ``OUT`` may not be,
+contain or lie inside the source. Each refusal is a one-line ``ValueError`` naming the file or the field.
+
 Fields ignored on purpose, because they do not change the function the weights compute:
 
 - fla: ``attn_mode`` (the kernel), ``fuse_norm``, ``fuse_swiglu``, ``fuse_cross_entropy``,
@@ -32,13 +40,17 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
+import pickle
+import re
 import shutil
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from rotarium.hub.paths import check_apart, check_output_folder, confined
 from rotarium.models import CONFIGS, FAMILY_MODELS
 from rotarium.utils.files import write_folder_atomic
 
@@ -48,6 +60,12 @@ MODEL_TYPES = (*FLA_TYPES, "llama")
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "tokenizer.model",
                    "vocab.json", "merges.txt", "added_tokens.json", "generation_config.json")
 SOURCE_PATTERNS = ["*.json", "*.safetensors", "*.bin", "*.model", "*.txt"]
+# safetensors' own limit on a header's size: a larger one is a corrupt or hostile file, not a checkpoint.
+MAX_SAFETENSORS_HEADER = 100_000_000
+SAFETENSORS_DTYPES = {"F64": "float64", "F32": "float32", "F16": "float16", "BF16": "bfloat16", "I64": "int64",
+                      "I32": "int32", "I16": "int16", "I8": "int8", "U8": "uint8", "BOOL": "bool",
+                      "F8_E4M3": "float8_e4m3fn", "F8_E5M2": "float8_e5m2", "U16": "uint16", "U32": "uint32",
+                      "U64": "uint64", "C64": "complex64"}
 # fla fixes the epsilon of its QK-norms (its RMSNorm's and GroupNorm's default), whatever `norm_eps` says.
 FLA_QK_NORM_EPS = 1e-5
 # fla 0.6's defaults of the config fields read below, for reading a config where fla is not installed.
@@ -75,37 +93,184 @@ FLA_DEFAULTS: dict[str, dict[str, Any]] = {
 # --------------------------------------------------------------------------------------------- reading a source
 
 def resolve_source(src: str | os.PathLike) -> Path:
-    """A local folder as it is; anything else is a Hub model id, downloaded (weights, config, tokenizer only)."""
+    """A local folder as it is; anything else is a Hub model id, downloaded (weights, config, tokenizer only).
+    ``ValueError`` for what is neither, or for an id that cannot be downloaded (unknown, or the Hub offline)."""
     path = Path(src)
     if path.is_dir():
         return path
-    if path.exists() or str(src).startswith((".", "/")) or str(src).count("/") != 1:
+    if path.exists() or str(src).startswith((".", "/", "~")) or str(src).count("/") != 1:
         raise ValueError(f"{src!r} is neither a folder nor a Hub model id ('namespace/name')")
     from huggingface_hub import snapshot_download
+    from huggingface_hub.errors import HfHubHTTPError, HFValidationError, LocalEntryNotFoundError
 
-    return Path(snapshot_download(str(src), allow_patterns=SOURCE_PATTERNS))
+    try:
+        return Path(snapshot_download(str(src), allow_patterns=SOURCE_PATTERNS))
+    except (HFValidationError, HfHubHTTPError, LocalEntryNotFoundError, OSError) as error:
+        message = " ".join(str(error).split()) or type(error).__name__
+        raise ValueError(f"{src!r} is not a local folder, and as a Hub model id it could not be downloaded "
+                         f"({type(error).__name__}: {message}); pass a folder, or an existing id with the Hub "
+                         "reachable (HF_HUB_OFFLINE unset)") from None
 
 
-def load_state_dict(folder: Path) -> dict[str, torch.Tensor]:
-    """Every tensor of the checkpoint in ``folder``: safetensors (single or sharded) or ``pytorch_model*.bin``.
+def _confined_source(path: Path, folder: Path) -> Path:
+    return confined(path, folder, reader="convert", why="a link or an index entry could bring in any file")
+
+
+def read_source_config(folder: Path) -> dict[str, Any]:
+    """The JSON object of ``folder/config.json``; ``ValueError`` naming the file when it is missing, not UTF-8, not
+    JSON or not an object."""
+    path = folder / "config.json"
+    if not path.is_file():
+        contents = "is empty" if not any(folder.iterdir()) else "has no config.json"
+        raise ValueError(f"source {folder} {contents}: convert reads a checkpoint folder holding config.json and its "
+                         "weights (model.safetensors, its index, or pytorch_model*.bin)")
+    _confined_source(path, folder)
+    try:
+        raw = json.loads(path.read_bytes().decode("utf-8"))
+    except UnicodeDecodeError as error:
+        raise ValueError(f"{path} is not UTF-8 text ({error}); a config.json is UTF-8 JSON") from None
+    except json.JSONDecodeError as error:
+        raise ValueError(f"{path} is not valid JSON ({error})") from None
+    if isinstance(raw, dict):
+        return raw
+    raise ValueError(f"{path} holds a JSON {type(raw).__name__}, not an object of config fields")
+
+
+def _read_index(index: Path, folder: Path) -> list[Path]:
+    """The weight files named by the sharded checkpoint's ``index``, each of them inside ``folder``."""
+    _confined_source(index, folder)
+    try:
+        data = json.loads(index.read_bytes().decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise ValueError(f"{index} is not UTF-8 JSON ({error})") from None
+    weight_map = data.get("weight_map") if isinstance(data, dict) else None
+    if not isinstance(weight_map, dict) or not weight_map or not all(
+            isinstance(name, str) and isinstance(file, str) and file for name, file in weight_map.items()):
+        found = repr(weight_map)[:80] if isinstance(data, dict) else f"a JSON {type(data).__name__}"
+        raise ValueError(f"{index}: `weight_map` must be an object mapping each tensor name to a .safetensors file "
+                         f"of the folder, found {found}")
+    files = []
+    for name in sorted(set(weight_map.values())):
+        file = folder / name
+        if Path(name).is_absolute() or ".." in Path(name).parts:
+            raise ValueError(f"{index} names the weight file {name!r}, a path out of {folder}; convert reads weights "
+                             "only from inside the source folder (an index entry could bring in any file): name the "
+                             "shards by their file names in the folder")
+        if not (file.is_file() or file.is_symlink()):
+            raise ValueError(f"{index} names the weight file {name!r}, which is not in {folder}")
+        try:
+            files.append(_confined_source(file, folder))
+        except ValueError as error:
+            raise ValueError(f"{index} names the weight file {name!r}: {error}") from None
+    return files
+
+
+def weight_files(folder: Path) -> list[Path]:
+    """The checkpoint's weight files in ``folder``: the shards of ``model.safetensors.index.json``, else
+    ``model.safetensors``, else ``pytorch_model*.bin``; each must resolve inside ``folder`` (or, for a Hub download,
+    into its cache repository's blobs), whatever an index or a link says. ``ValueError`` when there are none.
 
     Only transformers' own file names are read: some repositories also hold the same weights in another layout
     (e.g. ``consolidated.safetensors``)."""
     index = folder / "model.safetensors.index.json"
-    if index.is_file():
-        weight_map = json.loads(index.read_text(encoding="utf-8"))["weight_map"]
-        files = [folder / name for name in sorted(set(weight_map.values()))]
-    else:
-        files = [folder / "model.safetensors"] if (folder / "model.safetensors").is_file() else []
-    if files:
-        from safetensors.torch import load_file
-
-        return {name: tensor for file in files for name, tensor in load_file(file).items()}
+    if index.is_file() or index.is_symlink():
+        return _read_index(index, folder)
+    if (folder / "model.safetensors").is_file() or (folder / "model.safetensors").is_symlink():
+        return [_confined_source(folder / "model.safetensors", folder)]
     files = sorted(folder.glob("pytorch_model*.bin"))
-    if files:
-        return {name: tensor for file in files for name, tensor in torch.load(file, map_location="cpu",
-                                                                               weights_only=True).items()}
-    raise FileNotFoundError(f"no weights (*.safetensors or pytorch_model*.bin) in {folder}")
+    if not files:
+        raise ValueError(f"no weights in {folder}: expected model.safetensors, model.safetensors.index.json or "
+                         "pytorch_model*.bin beside config.json")
+    return [_confined_source(file, folder) for file in files]
+
+
+def safetensors_shapes(path: Path) -> dict[str, torch.Tensor]:
+    """The tensors of the safetensors file ``path`` as meta tensors (names, shapes, dtypes), read from its header
+    alone; ``ValueError`` naming the file when the header is too large, not JSON, or describes data the file does
+    not hold (a truncated or corrupt file)."""
+    size = path.stat().st_size
+    with open(path, "rb") as f:
+        prefix = f.read(8)
+        if len(prefix) < 8:
+            raise ValueError(f"{path} is not a safetensors file: {size} bytes, fewer than its 8-byte header length "
+                             "(truncated or empty)")
+        header_size = int.from_bytes(prefix, "little")
+        if header_size > MAX_SAFETENSORS_HEADER:
+            raise ValueError(f"{path}: its header says {header_size:,} bytes, more than safetensors allows "
+                             f"({MAX_SAFETENSORS_HEADER:,}); the file is corrupt or not a safetensors file")
+        if 8 + header_size > size:
+            raise ValueError(f"{path} is truncated: its header says {header_size:,} bytes, the file holds {size:,}")
+        raw = f.read(header_size)
+    try:
+        header = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError):
+        header = None
+    if isinstance(header, dict):
+        data_size = size - 8 - header_size
+        return {name: _meta_tensor(path, name, entry, data_size) for name, entry in header.items()
+                if name != "__metadata__"}
+    raise ValueError(f"{path} is not a safetensors file: its header is not a JSON object (corrupt)")
+
+
+def _meta_tensor(path: Path, name: str, entry: Any, data_size: int) -> torch.Tensor:
+    """One header entry of a safetensors file as a meta tensor, after checking that the file holds its data."""
+    entry_of = entry if isinstance(entry, dict) else {}
+    dtype_name = entry_of.get("dtype")
+    dtype = getattr(torch, SAFETENSORS_DTYPES.get(dtype_name, ""), None) if isinstance(dtype_name, str) else None
+    shape, offsets = entry_of.get("shape"), entry_of.get("data_offsets")
+    if (not isinstance(dtype, torch.dtype) or not isinstance(shape, list) or not isinstance(offsets, list)
+            or len(offsets) != 2
+            or not all(isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in [*shape, *offsets])):
+        raise ValueError(f"{path}: the header entry of tensor {name!r} is not a safetensors tensor (dtype, shape, "
+                         f"data_offsets): {json.dumps(entry)[:120]}; the file is corrupt")
+    begin, end = offsets
+    if end > data_size:
+        raise ValueError(f"{path} is truncated: tensor {name!r} ends at byte {end:,} of the data, the file holds "
+                         f"{data_size:,}")
+    if end - begin != math.prod(shape) * dtype.itemsize:
+        raise ValueError(f"{path}: tensor {name!r} of shape {shape} takes {end - begin:,} bytes instead of "
+                         f"{math.prod(shape) * dtype.itemsize:,}; the file is corrupt")
+    try:
+        return torch.empty(shape, dtype=dtype, device="meta")
+    except (RuntimeError, OverflowError):  # an empty tensor with a dimension past int64
+        raise ValueError(f"{path}: tensor {name!r} has shape {shape}, not a tensor shape; the file is corrupt") \
+            from None
+
+
+def load_pickled_weights(path: Path) -> dict[str, torch.Tensor]:
+    """The tensors of a ``pytorch_model*.bin``, unpickled with ``weights_only=True``: a file that holds anything
+    but tensors is refused unread, since unpickling it could run its code."""
+    try:
+        state_dict = torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as error:
+        if "weights only" not in str(error).lower():
+            raise ValueError(f"{path} is not a readable PyTorch weights file (truncated or corrupt)") from None
+        raise ValueError(f"{path} holds code or Python objects besides tensors, and is not loaded: unpickling it "
+                         "could run that code. Convert a checkpoint whose weights are safetensors "
+                         "(model.safetensors)") from None
+    except (RuntimeError, EOFError, OSError, KeyError, ValueError) as error:
+        raise ValueError(f"{path} is not a readable PyTorch weights file (truncated or corrupt: "
+                         f"{type(error).__name__})") from None
+    if not isinstance(state_dict, dict) or not all(
+            isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in state_dict.items()):
+        raise ValueError(f"{path} holds a {type(state_dict).__name__}, not a state dict of named tensors")
+    return state_dict
+
+
+def load_state_dict(files: list[Path]) -> dict[str, torch.Tensor]:
+    """Every tensor of the weight ``files`` (from :func:`weight_files`), loaded."""
+    if files[0].suffix == ".bin":
+        return {name: tensor for file in files for name, tensor in load_pickled_weights(file).items()}
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    state_dict = {}
+    for file in files:
+        try:
+            state_dict.update(load_file(file))
+        except SafetensorError as error:
+            raise ValueError(f"{file} could not be read as safetensors ({' '.join(str(error).split())})") from None
+    return state_dict
 
 
 def is_fla_transformer(state_dict: dict[str, torch.Tensor]) -> bool:
@@ -279,7 +444,7 @@ def fit_state_dict(model: torch.nn.Module, state_dict: dict[str, torch.Tensor], 
                 fitted[name] = fitted[name].reshape(target.shape)
         elif name.endswith(".o_norm.weight") and model_type == "gla" and not config.elementwise_affine:
             fitted[name] = torch.ones_like(target)
-        elif name == "lm_head.weight" and model.config.tie_word_embeddings:
+        elif name == "lm_head.weight" and model.config.tie_word_embeddings and "model.embed_tokens.weight" in fitted:
             fitted[name] = fitted["model.embed_tokens.weight"]
     unknown = sorted(set(fitted) - set(expected))
     missing = sorted(set(expected) - set(fitted))
@@ -306,38 +471,95 @@ def source_model_type(folder: Path, raw: dict[str, Any], state_dict: dict[str, t
     return model_type
 
 
+def check_layer_count(folder: Path, kwargs: dict[str, Any], names: list[str]) -> None:
+    """``ValueError`` unless the weights hold exactly the ``num_hidden_layers`` layers the config asks for: checked
+    on the names alone, before a model of that depth is built, even on the meta device."""
+    layers = {int(m.group(1)) for name in names if (m := re.match(r"model\.layers\.(\d+)\.", name))}
+    expected = kwargs["num_hidden_layers"]
+    held = f"{len(layers)} layers (model.layers.0 to model.layers.{max(layers)})" if layers else "no layers"
+    if not isinstance(expected, int) or isinstance(expected, bool) or expected != len(layers) \
+            or (layers and max(layers) != len(layers) - 1):
+        raise ValueError(f"{folder / 'config.json'} says num_hidden_layers = {expected!r}, but the weights hold "
+                         f"{held}; convert a config.json that matches its weights")
+
+
+def map_config(folder: Path, raw: dict[str, Any], model_type: str) -> tuple[Any, str, dict[str, Any]]:
+    """``(the source's config as its library reads it, rotarium family, rotarium config kwargs)``; ``ValueError``
+    naming ``config.json`` when its values are of the wrong kind."""
+    from huggingface_hub.errors import StrictDataclassError  # transformers' configs check their fields' types
+
+    try:
+        if model_type == "llama":
+            from transformers import LlamaConfig
+
+            config = LlamaConfig.from_dict(raw)
+            return (config, *map_llama_config(config))
+        config = read_fla_config(model_type, raw)
+        return (config, *map_fla_config(model_type, config))
+    except (TypeError, AttributeError, KeyError, OverflowError, StrictDataclassError) as error:
+        raise ValueError(f"{folder / 'config.json'} cannot be read as a {model_type} config "
+                         f"({type(error).__name__}: {' '.join(str(error).split())})") from None
+
+
+def build_model(family: str, config: Any, folder: Path) -> torch.nn.Module:
+    """The rotarium model of ``config``, on the current default device; ``ValueError`` naming ``config.json`` when a
+    value cannot build a layer (a float where a size goes)."""
+    try:
+        return FAMILY_MODELS[family].lm(config)
+    except (TypeError, RuntimeError, OverflowError) as error:
+        raise ValueError(f"{folder / 'config.json'}: its values cannot build a {family} model "
+                         f"({type(error).__name__}: {' '.join(str(error).split())[:200]})") from None
+
+
 def convert_checkpoint(src: str | os.PathLike, out: str | os.PathLike, overwrite: bool = False) -> Path:
     """Converts the fla or Llama checkpoint ``src`` (a folder or a Hub model id) into the rotarium folder ``out``,
     written atomically; returns ``out``. Raises ``ValueError`` naming the field for an option rotarium cannot
-    express, and ``FileExistsError`` when ``out`` is a non-empty folder and ``overwrite`` is off."""
-    out = Path(out)
-    if out.exists() and (not out.is_dir() or any(out.iterdir())) and not overwrite:
-        raise FileExistsError(f"{out} exists and is not empty; pass overwrite=True (--overwrite) to replace it")
+    express, naming the file for a source it cannot read, and :class:`rotarium.hub.paths.OutputExistsError` (a
+    ``FileExistsError`` too) when ``out`` is a non-empty folder and ``overwrite`` is off.
+
+    Nothing large is allocated before the weights are known to fit the config: the source's tensor names and shapes
+    (safetensors headers) are compared with a model built on the meta device, so a config that asks for more than
+    its weights hold is refused at once."""
+    if Path(src).is_dir():  # a Hub source lies in the cache, checked once downloaded
+        check_apart(out, src, "OUT", "source")
+    out = check_output_folder(out, overwrite=overwrite, what="OUT")
     folder = resolve_source(src)
-    raw = json.loads((folder / "config.json").read_text(encoding="utf-8"))
-    state_dict = load_state_dict(folder)
-    model_type = source_model_type(folder, raw, state_dict)
-    if model_type == "llama":
-        from transformers import LlamaConfig
-
-        source_config = LlamaConfig.from_dict(raw)
-        family, kwargs = map_llama_config(source_config)
+    check_apart(out, folder, "OUT", "source")
+    raw = read_source_config(folder)
+    files = weight_files(folder)
+    loaded = load_state_dict(files) if files[0].suffix == ".bin" else None
+    if loaded is not None:
+        shapes = {name: tensor.to("meta") for name, tensor in loaded.items()}
     else:
-        source_config = read_fla_config(model_type, raw)
-        family, kwargs = map_fla_config(model_type, source_config)
+        shapes = {name: tensor for file in files for name, tensor in safetensors_shapes(file).items()}
+    model_type = source_model_type(folder, raw, shapes)
+    config_of_source, family, kwargs = map_config(folder, raw, model_type)
+    check_layer_count(folder, kwargs, list(shapes))
+    try:
+        config = CONFIGS[family](**kwargs)
+    except (ValueError, TypeError, OverflowError) as error:
+        raise ValueError(f"{folder / 'config.json'} converts to an invalid rotarium {family} config: "
+                         f"{' '.join(str(error).split())}") from None
+    with torch.device("meta"):
+        meta_model = build_model(family, config, folder)
+    try:
+        fit_state_dict(meta_model, rename_state_dict(model_type, shapes), model_type, config_of_source)
+    except ValueError as error:
+        raise ValueError(f"{folder / 'config.json'} does not match the weights beside it: {error}") from None
 
-    config = CONFIGS[family](**kwargs)
-    model = FAMILY_MODELS[family].lm(config)
-    fitted = fit_state_dict(model, rename_state_dict(model_type, state_dict), model_type, source_config)
+    state_dict = loaded if loaded is not None else load_state_dict(files)
+    model = build_model(family, config, folder)
+    fitted = fit_state_dict(model, rename_state_dict(model_type, state_dict), model_type, config_of_source)
     model.load_state_dict(fitted, strict=True)
     # The checkpoint keeps the precision its weights were published in.
     model.to(fitted["model.embed_tokens.weight"].dtype).eval()
+    tokenizer_files = [_confined_source(folder / name, folder) for name in TOKENIZER_FILES
+                       if (folder / name).is_file() or (folder / name).is_symlink()]
 
     def write(tmp: Path) -> None:
         model.save_pretrained(tmp)
-        for name in TOKENIZER_FILES:
-            if (folder / name).is_file():
-                shutil.copy2(folder / name, tmp / name)
+        for file in tokenizer_files:
+            shutil.copy2(file, tmp / file.name)
 
     write_folder_atomic(out, write)
     return out

@@ -6,18 +6,21 @@ The folder holds ``config.json`` (with an ``auto_map``), the self-contained mode
 A checkpoint whose weights do not match its config (a tensor missing, unexpected or of another shape) is refused:
 loading it would initialise the missing tensors at random, and the export would publish that model.
 It is written into a temporary sibling folder and renamed into place at the end, so a failed export never leaves
-a half-written folder, and an existing one is replaced only with ``overwrite=True``.
+a half-written folder, and an existing one is replaced only with ``overwrite=True``. Where it goes is checked before
+any work (:func:`rotarium.hub.paths.check_output_folder`): not a file, writable, and apart from the checkpoint.
 """
 from __future__ import annotations
 
+import pickle
 import shutil
 from pathlib import Path
 
 from safetensors import SafetensorError
 from transformers import PreTrainedModel
 
-from rotarium.hub.card import model_card
+from rotarium.hub.card import check_card_options, model_card
 from rotarium.hub.checkpoint import EVAL_DIR, Checkpoint, read_checkpoint
+from rotarium.hub.paths import check_apart, check_output_folder
 from rotarium.models import FAMILY_MODELS, loading_problems
 from rotarium.models.remote_code import bundle
 from rotarium.utils.files import write_folder_atomic
@@ -33,6 +36,11 @@ def load_weights(checkpoint: Checkpoint) -> PreTrainedModel:
         # ignore_mismatched_sizes: a tensor of another shape is then reported in `info` with the others, not raised
         model, info = lm_class.from_pretrained(checkpoint.path, dtype="auto", output_loading_info=True,
                                                ignore_mismatched_sizes=True)
+    except pickle.UnpicklingError:
+        # torch's own message suggests weights_only=False, which would run whatever the pickle holds
+        raise ValueError(f"the weights of {checkpoint.path} (a pytorch_model*.bin) hold code or Python objects "
+                         "besides tensors, and are not loaded: unpickling them could run that code. Export a "
+                         "checkpoint whose weights are safetensors") from None
     except (OSError, RuntimeError, SafetensorError) as error:  # unreadable or truncated weights
         first_line = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
         raise ValueError(f"the weights of {checkpoint.path} could not be loaded: {first_line}") from error
@@ -72,16 +80,10 @@ def export_checkpoint(checkpoint: str | Path, out_dir: str | Path, *, repo_id: s
     ``repo_id`` is the repository named in the card's usage snippet (default: the name of ``out_dir``, which the
     snippet loads from the folder that holds it; a card holds no local path); ``license`` and ``datasets`` go into
     the card's metadata (``datasets`` defaults to the one named in the training metadata)."""
+    check_card_options(license, datasets)
     info = read_checkpoint(checkpoint)
-    out = Path(out_dir).absolute()
-    source = info.path.resolve()
-    if out.resolve() == source or source in out.resolve().parents or out.resolve() in source.parents:
-        raise ValueError(f"OUT_DIR {str(out)!r} overlaps the checkpoint {str(source)!r}; export to another folder")
-    if out.exists() and not out.is_dir():
-        raise ValueError(f"OUT_DIR {str(out)!r} is a file; pass a folder path")
-    if out.is_dir() and any(out.iterdir()) and not overwrite:
-        raise ValueError(f"OUT_DIR {str(out)!r} exists and is not empty; pass overwrite=True (--overwrite) "
-                         "to replace it")
+    check_apart(out_dir, info.path, "OUT_DIR", "checkpoint")
+    out = check_output_folder(out_dir, overwrite=overwrite, what="OUT_DIR")
     write_folder_atomic(out, lambda folder: write_export(info, folder, repo_id=repo_id or out.name, license=license,
                                                          datasets=datasets, max_shard_size=max_shard_size))
     return out

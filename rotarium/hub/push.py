@@ -15,6 +15,7 @@ import huggingface_hub
 from huggingface_hub import HfApi
 from huggingface_hub.utils import HFValidationError, validate_repo_id
 
+from rotarium.hub.card import check_card_options
 from rotarium.hub.checkpoint import read_checkpoint
 from rotarium.hub.export import DEFAULT_SHARD_SIZE, write_export
 
@@ -60,13 +61,19 @@ def push_checkpoint(checkpoint: str | Path, repo_id: str, *, private: bool = Fal
     check_repo_id(repo_id)
     if revision is not None and not revision.strip():
         raise ValueError("`revision` must be a branch name, or None for main")
+    check_card_options(license, datasets)
     info = read_checkpoint(checkpoint)
     token = token or huggingface_hub.get_token()
     if token is None and not dry_run:
         raise ValueError("no Hugging Face token found: set the HF_TOKEN environment variable or run "
                          "`hf auth login` (or use --dry-run to see what would be uploaded)")
     plan = PushPlan(repo_id=repo_id, private=private, revision=revision, has_token=token is not None)
-    with tempfile.TemporaryDirectory(prefix="rotarium-push-") as tmp:
+    try:
+        workspace = tempfile.TemporaryDirectory(prefix="rotarium-push-")
+    except OSError as error:  # no writable temporary folder: known before the export, not after it
+        raise ValueError(f"push exports into a temporary folder first, and none could be created ({error}); set "
+                         "TMPDIR to a writable folder") from None
+    with workspace as tmp:
         folder = Path(tmp)
         files = write_export(info, folder, repo_id=repo_id, license=license, datasets=datasets,
                              max_shard_size=max_shard_size)

@@ -28,6 +28,17 @@ sys.path = [p for p in sys.path if p not in ("", ".")]
 """
 
 
+class CodeInPickle:
+    """An object whose unpickling would run code (it writes ``marker``): what a hostile ``pytorch_model.bin`` holds.
+    ``torch.load(weights_only=True)`` must refuse it, and nothing may load it otherwise."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self):
+        return exec, (f"open({str(self.marker)!r}, 'w').write('ran')",)
+
+
 def save_tokenizer(folder: Path) -> None:
     from tokenizers import Tokenizer, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast

@@ -1,0 +1,98 @@
+"""Where the Hub tools may read and write: no file read through a link that leaves its folder, no output over its
+source.
+
+``export`` and ``push`` read a checkpoint folder (and the run folder beside it), ``convert`` a source folder. A
+symbolic link there that leads elsewhere would make an export publish a private file, or a conversion take in
+tensors from anywhere, so every file is checked on its resolved path (:func:`confined`). The one layout whose links
+leave their folder on purpose is the Hugging Face cache, where ``snapshot_download`` writes
+``<cache>/models--<name>/snapshots/<revision>/<file>`` as a link to ``<cache>/models--<name>/blobs/<hash>``: links
+that resolve to a file directly in that same repository's ``blobs/`` are followed, nothing else.
+
+An output folder is checked before any work (:func:`check_output_folder`): not a file, empty unless overwritten,
+writable, and apart from its source (:func:`check_apart`), since an overwrite moves the old folder aside and deletes
+it.
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from rotarium.utils.files import check_writable_folder
+
+CACHE_REPO_PREFIX = "models--"
+
+
+class OutputExistsError(FileExistsError, ValueError):
+    """The output folder exists and is not empty, and no overwrite was asked for: bad input (a ``ValueError``, as
+    the CLI reports it) that callers of the Python API may also catch as ``FileExistsError``."""
+
+
+def _resolve(path: Path) -> Path:
+    try:
+        return path.resolve()
+    except (OSError, RuntimeError) as error:  # a link loop
+        raise ValueError(f"{path} cannot be resolved ({error}); replace the link with the file it should name") \
+            from None
+
+
+def in_cache_blobs(root: Path, target: Path) -> bool:
+    """Whether ``target`` (resolved) is a file directly in the ``blobs/`` of the Hugging Face cache repository
+    whose snapshot holds the resolved folder ``root`` (``.../models--<name>/snapshots/<revision>[/...]``).
+
+    Both paths are resolved, so ``blobs/`` and the file are real ones inside that repository: a ``blobs`` that is
+    itself a link, or a blob that links further, resolves elsewhere and does not count."""
+    for snapshot in (root, *root.parents):
+        repo = snapshot.parent.parent
+        if snapshot.parent.name == "snapshots" and repo.name.startswith(CACHE_REPO_PREFIX):
+            return target.parent == repo / "blobs" and target.is_file()
+    return False
+
+
+def confined(path: Path, folder: Path, *, reader: str = "export",
+             why: str = "a link could publish a private file") -> Path:
+    """``path`` (named inside ``folder``) if what it resolves to, through any symbolic link, is inside ``folder``
+    too, or in the cache blobs of :func:`in_cache_blobs`; else a one-line ``ValueError`` naming the file or the link
+    that leaves. ``reader`` and ``why`` say who refuses and why, in that message."""
+    root, target = _resolve(folder), _resolve(path)
+    if target == root or root in target.parents or in_cache_blobs(root, target):
+        return path
+    link = next((p for p in (path, *path.parents) if p.is_symlink()), None)
+    if link is None:
+        raise ValueError(f"{path} resolves to {target}, outside {folder}; {reader} reads no file from outside it "
+                         f"({why})")
+    raise ValueError(f"{link} is a symbolic link to {os.readlink(link)!r}, outside {folder}; {reader} reads no file "
+                     f"from outside it ({why}): replace the link with a copy of the file, or remove it")
+
+
+def check_apart(out: str | os.PathLike, source: str | os.PathLike, out_name: str, source_name: str) -> None:
+    """``ValueError`` when the folder ``out`` is, contains or lies inside ``source``, compared on resolved paths:
+    writing ``out`` (with an overwrite, moving the old folder aside and deleting it) would replace or delete the
+    source, or write into it."""
+    out_path, source_path = _resolve(Path(out).absolute()), _resolve(Path(source).absolute())
+    if out_path == source_path:
+        relation = "the same folder"
+    elif out_path in source_path.parents:
+        relation = f"it contains the {source_name}"
+    elif source_path in out_path.parents:
+        relation = f"it lies inside the {source_name}"
+    else:
+        return
+    raise ValueError(f"{out_name} {str(out)!r} overlaps the {source_name} {str(source_path)!r} ({relation}): "
+                     f"writing it could replace or delete the {source_name}; write to a folder outside it")
+
+
+def check_output_folder(out: str | os.PathLike, *, overwrite: bool, what: str) -> Path:
+    """``out`` as an absolute path, after checking that a folder can be written there by renaming a finished
+    sibling into place (``rotarium.utils.files.write_folder_atomic``): it is not a file (not even with
+    ``overwrite``), it is empty or absent unless ``overwrite`` (else :class:`OutputExistsError`), and the folders
+    the rename touches are writable. ``what`` names it in the messages (``"OUT_DIR"``)."""
+    out = Path(out).absolute()
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"{what} {out} is a file; pass a folder path")
+    if out.is_dir() and any(out.iterdir()) and not overwrite:
+        raise OutputExistsError(f"{what} {out} exists and is not empty; pass overwrite=True (--overwrite) to "
+                                "replace it")
+    check_writable_folder(out, what)
+    if out.exists():  # the finished folder is written beside it and renamed over it
+        check_writable_folder(out.parent, f"the folder holding {what}")
+    return out
