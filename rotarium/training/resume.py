@@ -1,5 +1,6 @@
-"""What ``--resume`` checks before it continues a run: which checkpoint to continue from (complete, verified against
-its checksums, good), that the config is the run's own, and that the launch can load its state.
+"""What ``--resume`` checks of the config before it continues a run: that the config is the run's own, and that the
+launch can load its state. Which checkpoint it continues from (complete, verified against its checksums, good) is
+the run folder's decision, :meth:`rotarium.training.run_folder.RunFolder.plan`.
 
 The number of processes may change on resume: a step's batch is a function of ``(seed, step)`` and
 ``train.global_batch_size`` fixes its size, so with it set one process with two micro-batches continues a
@@ -28,21 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from rotarium.training.config import Config, field_types, flatten
-from rotarium.training.run_folder import (
-    ACCELERATE_STATE,
-    CHECKPOINTS,
-    FINAL,
-    TRAINING_ARGS,
-    CorruptCheckpoint,
-    checkpoint_dir,
-    checkpoint_step,
-    complete_checkpoints,
-    final_step,
-    latest_good_checkpoint,
-    read_trainer_state,
-    rewound_dir,
-    verify_checkpoint,
-)
+from rotarium.training.run_folder import ACCELERATE_STATE, TRAINING_ARGS, read_trainer_state
 
 logger = logging.getLogger(__name__)
 
@@ -180,112 +167,3 @@ def check_launch(checkpoint: Path, fsdp: bool) -> None:
     if fsdp and not sharded:
         raise ValueError(f"{checkpoint} was saved without FSDP; resume it without FSDP (one process or a DDP "
                          f"config), or start an FSDP run from its weights with --init-from {checkpoint}")
-
-
-def _named_checkpoint(run_dir: Path, name: str) -> Path:
-    step = checkpoint_step(Path(name if name.startswith("step-") else f"step-{name}"))
-    complete = complete_checkpoints(run_dir)
-    path = checkpoint_dir(run_dir, step) if step is not None else None
-    if path not in complete:
-        names = ", ".join(p.name for p in complete) or "none"
-        raise ValueError(f"--resume-from {name}: no complete checkpoint of that name in {run_dir / CHECKPOINTS} "
-                         f"(complete ones: {names})")
-    return path
-
-
-def choose_checkpoint(run_dir: str | os.PathLike, name: str | None = None, at_most: int | None = None
-                      ) -> Path | None:
-    """The checkpoint ``--resume`` continues from: ``name`` (``step-N`` or ``N``) when given, else the newest
-    complete checkpoint (of a step up to ``at_most``, when given) that passes its checksums and is good, with a
-    warning naming each newer one it skips; ``None`` when the run has no such complete checkpoint. A checkpoint
-    without checksums (written before they were recorded) is used unverified, with a warning. Raises ``ValueError``
-    when ``name`` does not verify or when every complete checkpoint is corrupt or not good."""
-    run_dir = Path(run_dir)
-    if name is not None:
-        checkpoint = _named_checkpoint(run_dir, name)
-        try:
-            verified = verify_checkpoint(checkpoint)
-            state = read_trainer_state(checkpoint)
-        except CorruptCheckpoint as error:
-            raise ValueError(f"--resume-from {name}: {error}; choose another checkpoint") from error
-        if not verified:
-            logger.warning("--resume-from %s: it has no checksums (written by an older rotarium); loading it "
-                           "unverified", name)
-        if not state.get("good", True):
-            logger.warning("--resume-from %s: not a good checkpoint (%s); resuming from it as asked", name,
-                           state.get("why_not_good", "?"))
-        return checkpoint
-    skipped = []
-    for checkpoint in reversed(complete_checkpoints(run_dir)):
-        if at_most is not None and checkpoint_step(checkpoint) > at_most:
-            continue
-        try:
-            verified = verify_checkpoint(checkpoint)
-            state = read_trainer_state(checkpoint)
-        except (OSError, ValueError) as error:  # CorruptCheckpoint and a JSON error are ValueErrors
-            skipped.append(f"{checkpoint.name} (corrupt: {error})")
-            continue
-        if not state.get("good", True):
-            skipped.append(f"{checkpoint.name} (not good: {state.get('why_not_good', '?')}; --resume-from "
-                           f"{checkpoint.name} takes it anyway)")
-            continue
-        if not verified:
-            logger.warning("--resume: %s has no checksums (written by an older rotarium); loading it unverified",
-                           checkpoint.name)
-        if skipped:
-            logger.warning("--resume: skipped %s; resuming from %s", "; ".join(skipped), checkpoint.name)
-        return checkpoint
-    if skipped:
-        raise ValueError(f"--resume: no usable checkpoint in {run_dir / CHECKPOINTS}: {'; '.join(skipped)}; or "
-                         "--overwrite to start over")
-    return None
-
-
-def _describe_reached(run_dir: Path, reached: int, final: int | None) -> str:
-    return f"its final model {run_dir / FINAL}" if final == reached else f"checkpoint step-{reached}"
-
-
-def check_rewind(run_dir: str | os.PathLike, checkpoint: Path | None, max_steps: int, *, named: bool,
-                 allow: bool) -> int | None:
-    """Whether resuming the run in ``run_dir`` from ``checkpoint`` (``None``: from step 0) up to ``max_steps`` goes
-    back on work the run has done: ends before the last step it reached (its final model's or newest
-    checkpoint's), or continues a finished run from a checkpoint ``named`` by ``--resume-from`` that is older than
-    its newest good one (the one ``--resume`` continues, which redoes the steps after it). Such a rewind would
-    replace ``final/`` and later checkpoints with other weights and cut ``metrics.jsonl`` back, so it raises
-    ``ValueError`` (naming the step reached and ``--init-from``, which starts a new run from older weights) unless
-    ``allow`` (``--allow-rewind``). Returns the step reached when it is an allowed rewind (what it replaces is then
-    set aside, :func:`rotarium.training.run_folder.set_aside_rewound`), else ``None``."""
-    run_dir = Path(run_dir)
-    start = checkpoint_step(checkpoint) if checkpoint is not None else 0
-    checkpoints = [checkpoint_step(p) for p in complete_checkpoints(run_dir)]
-    newest = max(checkpoints, default=0)
-    final = final_step(run_dir)
-    finished = (run_dir / FINAL).is_dir()
-    reached = max(newest, final or 0)
-    usable = [s for s in checkpoints if s <= max_steps]
-    older = checkpoint_dir(run_dir, max(usable)) if usable else run_dir / CHECKPOINTS / "step-N"
-    good = latest_good_checkpoint(run_dir) if finished and named else None
-    newest_good = checkpoint_step(good) if good is not None else 0
-    if max_steps < reached:
-        problem = (f"has reached step {reached} ({_describe_reached(run_dir, reached, final)}), and --max-steps "
-                   f"{max_steps} would take it back")
-    elif start < newest_good:
-        older = checkpoint
-        problem = (f"is finished (its final model {run_dir / FINAL}{f' is at step {final}' if final else ''}), "
-                   f"and resuming it from {checkpoint.name} would take it back past its newest good checkpoint "
-                   f"step-{newest_good}")
-    else:
-        return None
-    aside = rewound_dir(run_dir, reached)
-    if not allow:
-        raise ValueError(f"--resume: the run in {run_dir} {problem}, replacing {'its final/ and ' if finished else ''}"
-                         f"its later checkpoints with other weights and cutting metrics.jsonl back to step {start}. "
-                         f"To train a new run from older weights, pass --init-from {older} with another --output-dir; "
-                         f"to rewind this run, pass --allow-rewind (what it replaces is then kept in {aside})")
-    if start > max_steps:  # a named checkpoint: an allowed rewind otherwise looks no further than max_steps
-        raise ValueError(f"--resume-from {checkpoint.name} is past --max-steps {max_steps}; resume from a checkpoint "
-                         f"at or before step {max_steps}, or raise --max-steps")
-    if aside.exists():
-        raise ValueError(f"--allow-rewind: {aside} already holds what an earlier rewind from step {reached} set "
-                         "aside; move or delete it first")
-    return reached

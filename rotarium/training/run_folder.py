@@ -26,10 +26,20 @@ import json
 import logging
 import os
 import shutil
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from rotarium.utils.files import fsync_tree, read_jsonl, write_json_atomic, write_text_atomic
+from rotarium.training.lock import RunLock
+from rotarium.training.metrics import append_record, plot_loss_curve, truncate_metrics
+from rotarium.utils.files import (
+    fsync_tree,
+    make_folder,
+    read_jsonl,
+    replace_folder,
+    write_json_atomic,
+    write_text_atomic,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -246,3 +256,279 @@ def set_aside_rewound(run_dir: Path, start_step: int, reached: int) -> Path:
         for path in sorted(later, key=checkpoint_step):
             os.replace(path, aside / CHECKPOINTS / path.name)
     return aside
+
+
+def _named_checkpoint(run_dir: Path, name: str) -> Path:
+    step = checkpoint_step(Path(name if name.startswith("step-") else f"step-{name}"))
+    complete = complete_checkpoints(run_dir)
+    path = checkpoint_dir(run_dir, step) if step is not None else None
+    if path not in complete:
+        names = ", ".join(p.name for p in complete) or "none"
+        raise ValueError(f"--resume-from {name}: no complete checkpoint of that name in {run_dir / CHECKPOINTS} "
+                         f"(complete ones: {names})")
+    return path
+
+
+def choose_checkpoint(run_dir: str | os.PathLike, name: str | None = None, at_most: int | None = None
+                      ) -> Path | None:
+    """The checkpoint ``--resume`` continues from: ``name`` (``step-N`` or ``N``) when given, else the newest
+    complete checkpoint (of a step up to ``at_most``, when given) that passes its checksums and is good, with a
+    warning naming each newer one it skips; ``None`` when the run has no such complete checkpoint. A checkpoint
+    without checksums (written before they were recorded) is used unverified, with a warning. Raises ``ValueError``
+    when ``name`` does not verify or when every complete checkpoint is corrupt or not good."""
+    run_dir = Path(run_dir)
+    if name is not None:
+        checkpoint = _named_checkpoint(run_dir, name)
+        try:
+            verified = verify_checkpoint(checkpoint)
+            state = read_trainer_state(checkpoint)
+        except CorruptCheckpoint as error:
+            raise ValueError(f"--resume-from {name}: {error}; choose another checkpoint") from error
+        if not verified:
+            logger.warning("--resume-from %s: it has no checksums (written by an older rotarium); loading it "
+                           "unverified", name)
+        if not state.get("good", True):
+            logger.warning("--resume-from %s: not a good checkpoint (%s); resuming from it as asked", name,
+                           state.get("why_not_good", "?"))
+        return checkpoint
+    skipped = []
+    for checkpoint in reversed(complete_checkpoints(run_dir)):
+        if at_most is not None and checkpoint_step(checkpoint) > at_most:
+            continue
+        try:
+            verified = verify_checkpoint(checkpoint)
+            state = read_trainer_state(checkpoint)
+        except (OSError, ValueError) as error:  # CorruptCheckpoint and a JSON error are ValueErrors
+            skipped.append(f"{checkpoint.name} (corrupt: {error})")
+            continue
+        if not state.get("good", True):
+            skipped.append(f"{checkpoint.name} (not good: {state.get('why_not_good', '?')}; --resume-from "
+                           f"{checkpoint.name} takes it anyway)")
+            continue
+        if not verified:
+            logger.warning("--resume: %s has no checksums (written by an older rotarium); loading it unverified",
+                           checkpoint.name)
+        if skipped:
+            logger.warning("--resume: skipped %s; resuming from %s", "; ".join(skipped), checkpoint.name)
+        return checkpoint
+    if skipped:
+        raise ValueError(f"--resume: no usable checkpoint in {run_dir / CHECKPOINTS}: {'; '.join(skipped)}; or "
+                         "--overwrite to start over")
+    return None
+
+
+def _describe_reached(run_dir: Path, reached: int, final: int | None) -> str:
+    return f"its final model {run_dir / FINAL}" if final == reached else f"checkpoint step-{reached}"
+
+
+def check_rewind(run_dir: str | os.PathLike, checkpoint: Path | None, max_steps: int, *, named: bool,
+                 allow: bool) -> int | None:
+    """Whether resuming the run in ``run_dir`` from ``checkpoint`` (``None``: from step 0) up to ``max_steps`` goes
+    back on work the run has done: ends before the last step it reached (its final model's or newest
+    checkpoint's), or continues a finished run from a checkpoint ``named`` by ``--resume-from`` that is older than
+    its newest good one (the one ``--resume`` continues, which redoes the steps after it). Such a rewind would
+    replace ``final/`` and later checkpoints with other weights and cut ``metrics.jsonl`` back, so it raises
+    ``ValueError`` (naming the step reached and ``--init-from``, which starts a new run from older weights) unless
+    ``allow`` (``--allow-rewind``). Returns the step reached when it is an allowed rewind (what it replaces is then
+    set aside, :func:`rotarium.training.run_folder.set_aside_rewound`), else ``None``."""
+    run_dir = Path(run_dir)
+    start = checkpoint_step(checkpoint) if checkpoint is not None else 0
+    checkpoints = [checkpoint_step(p) for p in complete_checkpoints(run_dir)]
+    newest = max(checkpoints, default=0)
+    final = final_step(run_dir)
+    finished = (run_dir / FINAL).is_dir()
+    reached = max(newest, final or 0)
+    usable = [s for s in checkpoints if s <= max_steps]
+    older = checkpoint_dir(run_dir, max(usable)) if usable else run_dir / CHECKPOINTS / "step-N"
+    good = latest_good_checkpoint(run_dir) if finished and named else None
+    newest_good = checkpoint_step(good) if good is not None else 0
+    if max_steps < reached:
+        problem = (f"has reached step {reached} ({_describe_reached(run_dir, reached, final)}), and --max-steps "
+                   f"{max_steps} would take it back")
+    elif start < newest_good:
+        older = checkpoint
+        problem = (f"is finished (its final model {run_dir / FINAL}{f' is at step {final}' if final else ''}), "
+                   f"and resuming it from {checkpoint.name} would take it back past its newest good checkpoint "
+                   f"step-{newest_good}")
+    else:
+        return None
+    aside = rewound_dir(run_dir, reached)
+    if not allow:
+        raise ValueError(f"--resume: the run in {run_dir} {problem}, replacing {'its final/ and ' if finished else ''}"
+                         f"its later checkpoints with other weights and cutting metrics.jsonl back to step {start}. "
+                         f"To train a new run from older weights, pass --init-from {older} with another --output-dir; "
+                         f"to rewind this run, pass --allow-rewind (what it replaces is then kept in {aside})")
+    if start > max_steps:  # a named checkpoint: an allowed rewind otherwise looks no further than max_steps
+        raise ValueError(f"--resume-from {checkpoint.name} is past --max-steps {max_steps}; resume from a checkpoint "
+                         f"at or before step {max_steps}, or raise --max-steps")
+    if aside.exists():
+        raise ValueError(f"--allow-rewind: {aside} already holds what an earlier rewind from step {reached} set "
+                         "aside; move or delete it first")
+    return reached
+
+
+@dataclass(frozen=True)
+class FolderPlan:
+    """What a run does with its folder, decided once under the lock (:meth:`RunFolder.plan`)."""
+    checkpoint: Path | None = None  # the checkpoint it resumes from; None: it starts at step 0
+    replacing: bool = False  # an --overwrite of the run in the folder
+    rewind_from: int | None = None  # an allowed rewind: the step the run had reached
+
+
+class RunFolder:
+    """The life of one run folder, from the lock to the last checkpoint: the one place that decides what is
+    written where in it. The main process holds the lock and acts; the methods do nothing in the other processes of
+    a launch (``main=False``), so that every process can call them at the same points of the loop.
+
+    A run: :meth:`lock`, :meth:`plan` (which checkpoint to resume, whether an ``--overwrite`` replaces a run, whether
+    a rewind is allowed), :meth:`begin` once its config, data and model are ready (the old run or the rewound
+    history set aside), :meth:`start_log`, :meth:`log` per record, :meth:`stage` and :meth:`publish` per checkpoint
+    (written, verified, renamed into place, pruned), :meth:`write_loss_curve`, :meth:`release`. :meth:`abandon` on
+    a failure puts a replaced run back while this run has no checkpoint yet."""
+
+    def __init__(self, path: str | os.PathLike, main: bool = True):
+        self.path, self.main = Path(path), main
+        self._lock: RunLock | None = None
+        self._previous_pending = False  # an --overwrite's old run waits in previous/ for this run's first checkpoint
+
+    # -------------------------------------------------------------------------------------------------- layout
+    @property
+    def metrics(self) -> Path:
+        return self.path / METRICS
+
+    @property
+    def final(self) -> Path:
+        return self.path / FINAL
+
+    def checkpoint(self, step: int) -> Path:
+        return checkpoint_dir(self.path, step)
+
+    def tokenizer_home(self, plan: FolderPlan) -> Path:
+        """Where the run's ``tokenizer/`` is read or written: an ``--overwrite`` keeps its own apart until the old
+        run is set aside (it must not reuse the old one's)."""
+        return self.path / REPLACING if plan.replacing else self.path
+
+    def latest_good_checkpoint(self) -> Path | None:
+        return latest_good_checkpoint(self.path)
+
+    # -------------------------------------------------------------------------------------------- lock and plan
+    def lock(self) -> None:
+        """Takes the folder's lock (:class:`~rotarium.training.lock.RunLock`), creating the folder if needed."""
+        try:
+            self._lock = RunLock(self.path)
+        except OSError as error:  # a special or read-only file system that the permission bits do not show
+            why = f"{error.strerror or error}: {error.filename or self.path}"
+            raise ValueError(f"--output-dir {self.path} cannot be created or written ({why}); choose a folder on a "
+                             "writable file system") from None
+
+    def release(self) -> None:
+        if self._lock is not None:
+            self._lock.release()
+            self._lock = None
+
+    def plan(self, *, resume: bool, overwrite: bool, resume_from: str | None, allow_rewind: bool,
+             max_steps: int) -> FolderPlan:
+        """What this run does with the folder (under the lock). ``resume``: the checkpoint
+        :func:`choose_checkpoint` picks, checked by :func:`check_rewind`; otherwise the folder must hold no run, or
+        ``overwrite`` replaces the one it holds (refused while an earlier ``--overwrite``'s ``previous/`` holds
+        another)."""
+        previous = self.path / PREVIOUS
+        if allow_rewind and not resume:
+            raise ValueError("--allow-rewind applies to --resume only")
+        if resume:
+            checkpoint = choose_checkpoint(self.path, resume_from, at_most=max_steps if allow_rewind else None)
+            rewind_from = check_rewind(self.path, checkpoint, max_steps, named=resume_from is not None,
+                                       allow=allow_rewind)
+            if checkpoint is None:
+                logger.warning("--resume: no complete checkpoint in %s%s; starting from step 0%s", self.path,
+                               f" at or before step {max_steps}" if allow_rewind else "",
+                               f" ({previous} holds the run an --overwrite set aside)" if previous.exists() else "")
+            return FolderPlan(checkpoint=checkpoint, rewind_from=rewind_from)
+        if not holds_run(self.path):
+            if previous.exists():
+                logger.warning("%s holds the run an earlier --overwrite set aside (that run was stopped before its "
+                               "first checkpoint); it is kept: delete it, or move it back, yourself", previous)
+            return FolderPlan()
+        if not overwrite:
+            raise ValueError(f"--output-dir {self.path} already holds a run; pass --resume to continue it, "
+                             "--overwrite to start over, or choose another --output-dir")
+        if previous.exists():
+            raise ValueError(f"--overwrite: {previous} holds a run an earlier --overwrite set aside, and "
+                             f"{self.path} holds another; delete one (or move {previous}'s files back) first")
+        shutil.rmtree(self.path / REPLACING, ignore_errors=True)  # what a killed --overwrite run had staged
+        return FolderPlan(replacing=True)
+
+    # --------------------------------------------------------------------------------------- begin and abandon
+    def begin(self, plan: FolderPlan, start_step: int) -> None:
+        """Once the run has its config, data and model: an ``--overwrite`` sets the old run aside in ``previous/``
+        and moves its own tokenizer in; an allowed rewind sets aside what it replaces (:func:`set_aside_rewound`)."""
+        if not self.main:
+            return
+        if plan.replacing:
+            set_aside_run(self.path)
+            self._previous_pending = True
+            os.replace(self.path / REPLACING / TOKENIZER, self.path / TOKENIZER)
+            (self.path / REPLACING).rmdir()
+            logger.warning("--overwrite: the run in %s is moved to %s until this run writes its first checkpoint",
+                           self.path, self.path / PREVIOUS)
+        if plan.rewind_from is not None:
+            aside = set_aside_rewound(self.path, start_step, plan.rewind_from)
+            logger.warning("--allow-rewind: the run goes back from step %d to step %d; its final model, later "
+                           "checkpoints and metrics up to step %d are kept in %s", plan.rewind_from, start_step,
+                           plan.rewind_from, aside)
+
+    def abandon(self) -> None:
+        """The run stopped with an error: while it has no checkpoint, the run it was replacing comes back, and what
+        it staged for the replacement is removed."""
+        if self._previous_pending:
+            restore_previous_run(self.path)
+            self._previous_pending = False
+            logger.warning("--overwrite: this run stopped before its first checkpoint; the previous run is back in %s",
+                           self.path)
+        if self._lock is not None:  # under the lock, whatever an --overwrite staged is this run's
+            shutil.rmtree(self.path / REPLACING, ignore_errors=True)
+
+    # ----------------------------------------------------------------------------------------------- metrics
+    def start_log(self, start_step: int, training_args: dict[str, Any]) -> None:
+        """``metrics.jsonl`` cut back to ``start_step`` (what a killed run logged after its checkpoint goes) and
+        ``training_args.json`` written."""
+        if self.main:
+            self.path.mkdir(parents=True, exist_ok=True)
+            truncate_metrics(self.metrics, start_step)
+            write_json_atomic(self.path / TRAINING_ARGS, training_args)
+
+    def log(self, record: dict[str, Any]) -> None:
+        if self.main:
+            append_record(self.metrics, record)
+
+    def write_loss_curve(self) -> None:
+        """``loss_curve.png``, with a copy in the final model's ``eval/``."""
+        if self.main:
+            plot_loss_curve(self.metrics, self.path / LOSS_CURVE)
+            make_folder(self.final / EVAL)
+            shutil.copy(self.path / LOSS_CURVE, self.final / EVAL / LOSS_CURVE)
+
+    # ----------------------------------------------------------------------------------------------- saving
+    def stage(self, target: Path) -> Path:
+        """The empty staging folder (:func:`staging_folder`) the processes write ``target`` into."""
+        staged = staging_folder(target)
+        if self.main:
+            shutil.rmtree(staged, ignore_errors=True)
+            staged.mkdir(parents=True)
+        return staged
+
+    def publish(self, staged: Path, target: Path, *, step: int | None = None, state: dict[str, Any] | None = None,
+                keep: int = 1) -> None:
+        """Puts the written ``staged`` folder in place as ``target``: a checkpoint of ``step`` first gets its
+        trainer ``state``, checksums and ``COMPLETE`` (:func:`mark_complete`) and afterwards the older checkpoints
+        beyond ``keep`` are pruned. The first one published ends an ``--overwrite``'s wait: the old run goes."""
+        if not self.main:
+            return
+        if step is not None:
+            mark_complete(staged, step, state or {})
+        replace_folder(staged, target)
+        if self._previous_pending:
+            drop_previous_run(self.path)
+            self._previous_pending = False
+        if step is not None:
+            prune_checkpoints(self.path, keep)

@@ -24,13 +24,13 @@ import os, sys, time
 from pathlib import Path
 from rotarium.training import trainer
 run = Path(sys.argv[sys.argv.index("--output-dir") + 1])
-original = trainer.Trainer._step
+original = trainer.Trainer.train_step
 def step(self, *args):
     Path(f"{run}.started").write_text(str(os.getpid()))
     while not Path(f"{run}.go").exists():
         time.sleep(0.05)
     return original(self, *args)
-trainer.Trainer._step = step
+trainer.Trainer.train_step = step
 from rotarium.cli import main
 sys.exit(main(sys.argv[1:]))
 """

@@ -13,8 +13,7 @@ from pathlib import Path
 import pytest
 
 from rotarium.cli import main
-from rotarium.training.resume import choose_checkpoint
-from rotarium.training.run_folder import CHECKSUMS, TRAINING_ARGS, complete_checkpoints
+from rotarium.training.run_folder import CHECKSUMS, TRAINING_ARGS, choose_checkpoint, complete_checkpoints
 from tests.training import conftest
 from tests.training.conftest import cli_args, losses, ok, run_child
 

@@ -89,7 +89,7 @@ def test_an_error_before_the_first_checkpoint_puts_the_old_run_back(corpus, tmp_
     def broken(self, step):
         raise RuntimeError("out of memory")
 
-    monkeypatch.setattr(trainer_module.Trainer, "_step", broken)
+    monkeypatch.setattr(trainer_module.Trainer, "_forward_backward", broken)
     args = cli_args(corpus, train__max_steps=4, train__save_every=2, train__eval_every=4)
     with pytest.raises(RuntimeError, match="out of memory"):
         main(["train", "--output-dir", str(run_dir), "--overwrite", *args])
