@@ -54,11 +54,15 @@ def _not_utf8(files: list[str]) -> str | None:
         decoder = codecs.getincrementaldecoder("utf-8")()
         offset = 0
         with open(name, "rb") as f:
-            while chunk := f.read(1 << 20):
-                try:
-                    decoder.decode(chunk)
+            while True:
+                chunk = f.read(1 << 20)
+                pending = len(decoder.getstate()[0])  # bytes of a character the last chunk cut, decoded with this one
+                try:  # the empty read at the end flushes a character the file cuts short
+                    decoder.decode(chunk, final=not chunk)
                 except UnicodeDecodeError as error:
-                    return f"{name} is not UTF-8 text (byte {offset + error.start}: {error.reason})"
+                    return f"{name} is not UTF-8 text (byte {offset - pending + error.start}: {error.reason})"
+                if not chunk:
+                    break
                 offset += len(chunk)
     return None
 

@@ -11,17 +11,15 @@ any work (:func:`rotarium.hub.paths.check_output_folder`): not a file, writable,
 """
 from __future__ import annotations
 
-import pickle
 import shutil
 from pathlib import Path
 
-from safetensors import SafetensorError
 from transformers import PreTrainedModel
 
 from rotarium.hub.card import check_card_options, model_card
 from rotarium.hub.checkpoint import EVAL_DIR, Checkpoint, read_checkpoint
 from rotarium.hub.paths import check_apart, check_output_folder
-from rotarium.models import FAMILY_MODELS, loading_problems
+from rotarium.models import FAMILY_MODELS, load_pretrained
 from rotarium.models.remote_code import bundle
 from rotarium.utils.files import write_folder_atomic
 
@@ -29,27 +27,10 @@ DEFAULT_SHARD_SIZE = "5GB"  # the Hub's recommendation: shards small enough to d
 
 
 def load_weights(checkpoint: Checkpoint) -> PreTrainedModel:
-    """The checkpoint's model, in its stored precision; ``ValueError`` naming the tensors when its weights do not
-    match its config. Tied weights (the LM head sharing the embedding's) are not missing: transformers ties them."""
-    lm_class = FAMILY_MODELS[checkpoint.family].lm
-    try:
-        # ignore_mismatched_sizes: a tensor of another shape is then reported in `info` with the others, not raised
-        model, info = lm_class.from_pretrained(checkpoint.path, dtype="auto", output_loading_info=True,
-                                               ignore_mismatched_sizes=True)
-    except pickle.UnpicklingError:
-        # torch's own message suggests weights_only=False, which would run whatever the pickle holds
-        raise ValueError(f"the weights of {checkpoint.path} (a pytorch_model*.bin) hold code or Python objects "
-                         "besides tensors, and are not loaded: unpickling them could run that code. Export a "
-                         "checkpoint whose weights are safetensors") from None
-    except (OSError, RuntimeError, SafetensorError) as error:  # unreadable or truncated weights
-        first_line = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-        raise ValueError(f"the weights of {checkpoint.path} could not be loaded: {first_line}") from error
-    problems = loading_problems(info)
-    if problems:
-        raise ValueError(f"the weights of {checkpoint.path} do not match its config.json: {'; '.join(problems)}. "
-                         "An export would publish the model with those tensors random or dropped; export a checkpoint "
-                         "whose weights are complete")
-    return model
+    """The checkpoint's model, in its stored precision, through the one check of weights against their config
+    (:func:`rotarium.models.load_pretrained`): an export must not publish tensors random or dropped."""
+    return load_pretrained(str(checkpoint.path), flag="checkpoint", model_class=FAMILY_MODELS[checkpoint.family].lm,
+                           dtype="auto")
 
 
 def write_export(checkpoint: Checkpoint, folder: Path, *, repo_id: str | None = None, license: str = "mit",

@@ -8,6 +8,7 @@ before it reports.
 """
 from __future__ import annotations
 
+import pickle
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -65,6 +66,11 @@ def load_pretrained(path: str, *, flag: str, model_class: Any = None, **kwargs: 
         # ignore_mismatched_sizes: a tensor of another shape is then reported in `info` with the others, not raised
         model, info = model_class.from_pretrained(path, output_loading_info=True, ignore_mismatched_sizes=True,
                                                   **kwargs)
+    except pickle.UnpicklingError:
+        # torch's own message suggests weights_only=False, which would run whatever the pickle holds
+        raise ValueError(f"{flag} {path}: the weights (a pytorch_model*.bin) hold code or Python objects besides "
+                         "tensors, and are not loaded: unpickling them could run that code; use a checkpoint whose "
+                         "weights are safetensors") from None
     except (SafetensorError, RuntimeError) as error:
         bad = _unreadable_weights(Path(path)) if Path(path).is_dir() else None
         if bad is None:

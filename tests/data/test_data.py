@@ -125,6 +125,13 @@ def test_missing_and_mixed_sources(tmp_path):
         iter_documents(DataSection(source=str(tmp_path)))
 
 
+def test_a_file_cut_inside_a_character_names_the_byte(tmp_path):
+    """A UTF-8 character cut short at the very end of a file (a copy cut short) is named by its offset too."""
+    (tmp_path / "cut.txt").write_bytes("A first document, caf\u00e9".encode()[:-1])
+    with pytest.raises(ValueError, match=r"cut.txt is not UTF-8 text \(byte 21: unexpected end of data\)"):
+        list(iter_documents(DataSection(source=str(tmp_path / "cut.txt"))))
+
+
 def test_trained_tokenizer_round_trips_and_reloads(tmp_path):
     docs = embedded_documents()[:30]
     tokenizer = train_bpe(docs, vocab_size=400)

@@ -13,12 +13,14 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 from safetensors.torch import load_file, save_file
 
 from rotarium.data.config import DataSection
 from rotarium.data.documents import embedded_documents, held_out_documents
 from rotarium.data.heldout import check_held_out, documents_sha256, held_out_record
 from rotarium.models import GLAConfig, GLAForCausalLM, load_pretrained
+from tests.hub.helpers import CodeInPickle
 from tests.reliability.cli_cases import error_line, run_cli_cases
 from tests.training.conftest import ROOT, TINY, cli_args
 
@@ -76,6 +78,10 @@ def root(tmp_path_factory) -> Path:
     _variant(final, models / "missing", edit_weights=_keep_three_tensors)
     _variant(final, models / "truncated", edit_weights=_truncate)
     _variant(final, models / "read-only")
+    pickled = _variant(final, models / "pickled")
+    (pickled / "model.safetensors").unlink()
+    torch.save({"model.embeddings.weight": torch.zeros(2), "payload": CodeInPickle(root / "code-ran")},
+               pickled / "pytorch_model.bin")
     (models / "read-only" / "eval").chmod(0o555)
     (root / "a_file").write_text("not a folder\n")
     return root
@@ -100,6 +106,10 @@ def _cases_as_trained(root: Path) -> dict[str, list[str]]:
         "eval: truncated weights": ["eval", "--model", str(models / "truncated"), "--output-dir", str(out / "x"),
                                     *text],
         "generate: truncated weights": ["generate", "--model", str(models / "truncated"), "--prompt", "The"],
+        "eval: pickled code": ["eval", "--model", str(models / "pickled"), "--output-dir", str(out / "x"), *text],
+        "generate: pickled code": ["generate", "--model", str(models / "pickled"), "--prompt", "The"],
+        "train: pickled code": [*train, "--output-dir", str(root / "runs" / "pickled"), "--init-from",
+                                str(models / "pickled")],
         "prompt not UTF-8": ["generate", "--model", str(final), "--prompt", "caf\udce9 cr\udce8me",
                              "--max-new-tokens", "2"],
         "read-only evaluation folder": ["eval", "--model", str(models / "read-only"), *text],
@@ -184,6 +194,15 @@ def test_truncated_weights_are_one_error_line_naming_the_file(root, results, com
     message = error_line(results[f"{command}: truncated weights"], command)
     for text in (str(root / "models" / "truncated" / "model.safetensors"), "truncated or damaged"):
         assert text in message, f"{text!r} not in {message!r}"
+
+
+@pytest.mark.parametrize("command", ["eval", "generate", "train"])
+def test_pickled_code_in_the_weights_is_refused_unread(root, results, command):
+    message = error_line(results[f"{command}: pickled code"], command)
+    for text in (str(root / "models" / "pickled"), "hold code or Python objects besides tensors", "not loaded"):
+        assert text in message, f"{text!r} not in {message!r}"
+    assert "weights_only=False" not in results[f"{command}: pickled code"][1]
+    assert not (root / "code-ran").exists()
 
 
 def test_a_prompt_that_is_not_utf8_is_one_error_line(results):
