@@ -46,6 +46,8 @@ def run_eval(args: argparse.Namespace) -> int:
     refuse_link(output, what)
     if args.device:
         check_device(args.device)
+    if args.ruler or args.tasks:
+        return run_benchmarks(args, output)
     documents, description = evaluation_documents(args.data, args.model if local else None)
     model, tokenizer = load_for(args)
     tokens = stream_tokens(tokenizer, documents)
@@ -58,6 +60,34 @@ def run_eval(args: argparse.Namespace) -> int:
     table, plot = save_results(rows, output, title=f"{Path(args.model).name}: perplexity on {description}",
                                train_length=train_length)
     print(f"wrote {table} and {plot}")
+    return 0
+
+
+def run_benchmarks(args: argparse.Namespace, output: Path) -> int:
+    """``--ruler`` and ``--tasks`` (in place of perplexity): their settings are checked before the model loads, once,
+    through :func:`load_for`."""
+    from rotarium.evaluation import downstream, ruler
+
+    ruler_tasks = ruler.parse_tasks(args.ruler) if args.ruler else []
+    if ruler_tasks:
+        ruler.check_settings(args.samples, args.batch_size)
+    words = ruler.load_words(args.ruler_words) if ruler_tasks else None
+    lm_tasks, manager = [], None
+    if args.tasks:
+        downstream.require_lm_eval()
+        downstream.check_settings(args.batch_size, args.num_fewshot)
+        lm_tasks = downstream.expand_tasks(args.tasks)
+        # lm-eval's own RULER tasks read the tokenizer and lengths from here
+        metadata = {"pretrained": args.model, **({"max_seq_lengths": args.context_lengths}
+                                                  if args.context_lengths else {})}
+        manager = downstream.task_manager(lm_tasks, args.include_path, metadata)
+    model, tokenizer = load_for(args)
+    if ruler_tasks:
+        ruler.run_ruler(model, tokenizer, ruler_tasks, args.context_lengths, output=output, model_name=args.model,
+                        num_samples=args.samples, seed=args.seed, batch_size=args.batch_size, words=words)
+    if lm_tasks:
+        downstream.run_tasks(model, tokenizer, lm_tasks, manager, output=output, model_name=args.model,
+                             batch_size=args.batch_size, num_fewshot=args.num_fewshot)
     return 0
 
 
@@ -100,6 +130,25 @@ def add_commands(subparsers: argparse._SubParsersAction) -> None:
     ev.add_argument("--device", default=None, help="cpu, cuda, cuda:1, ... (default: cuda when available)")
     ev.add_argument("--dtype", choices=DTYPES, default="auto",
                     help="weights and activations: auto (default) is bfloat16 on CUDA and float32 elsewhere")
+    ev.add_argument("--ruler", default=None, metavar="TASKS",
+                    help="RULER's synthetic tasks instead of perplexity, built offline with the model's tokenizer: "
+                         "comma-separated names from niah_single_1, niah_multikey_2, niah_multikey_3, "
+                         "niah_multivalue_noise, niah_multiquery_noise, vt, cwe, fwe, or all; at each "
+                         "--context-lengths (default here 1x, 2x, 4x and 8x the training length); writes ruler.json, "
+                         "ruler.md and ruler.png")
+    ev.add_argument("--samples", type=int, default=50, help="--ruler: samples per task and length (default 50)")
+    ev.add_argument("--seed", type=int, default=42, help="--ruler: the seed the samples are drawn from (default 42)")
+    ev.add_argument("--ruler-words", choices=("rotarium", "wonderwords"), default="rotarium",
+                    help="--ruler: where keys and words come from: rotarium's list (default) or the wonderwords "
+                         "package's, as RULER's")
+    ev.add_argument("--tasks", default=None, metavar="TASKS",
+                    help="lm-evaluation-harness tasks instead of perplexity (pip install 'rotarium[eval]'): "
+                         "comma-separated task or group names, or papers (the GLA / DeltaNet / FoX tables' list); "
+                         "writes downstream.json and downstream.md; --batch-size sets lm-eval's batch size")
+    ev.add_argument("--num-fewshot", type=int, default=None,
+                    help="--tasks: examples in each prompt (default: each task's own, 0 for papers)")
+    ev.add_argument("--include-path", default=None,
+                    help="--tasks: a folder of lm-eval task YAML files (local tasks) to add to lm-eval's")
     ev.set_defaults(func=run_eval)
 
     gen = subparsers.add_parser(
