@@ -9,15 +9,31 @@ model's loss skips cross-document predictions). Which sequences make step ``s`` 
 from __future__ import annotations
 
 import itertools
+import os
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Sized
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from pathlib import Path
+from typing import TYPE_CHECKING, Protocol
 
+import numpy as np
 import torch
+
+from rotarium.utils.files import make_folder, write_file_atomic
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
+
+
+class Sequences(Protocol):
+    """Training sequences a :class:`BatchSchedule` picks from: ``len()`` of them, each ``T`` tokens."""
+
+    def __len__(self) -> int: ...
+
+    def rows(self, indices: list[int]) -> tuple[torch.Tensor, list[list[int]]]:
+        """The sequences at ``indices``: tokens ``[len(indices), T]`` (int64) and, per sequence, the offsets inside
+        it (0 excluded) where a document starts."""
+        ...
 
 
 @dataclass
@@ -28,6 +44,9 @@ class PackedSequences:
 
     def __len__(self) -> int:
         return self.tokens.shape[0]
+
+    def rows(self, indices: list[int]) -> tuple[torch.Tensor, list[list[int]]]:
+        return self.tokens[indices], [self.starts[i] for i in indices]
 
 
 def pack(token_lists: Iterable[list[int]], seq_len: int, eos_id: int) -> Iterator[tuple[list[int], list[int]]]:
@@ -60,10 +79,29 @@ def pack(token_lists: Iterable[list[int]], seq_len: int, eos_id: int) -> Iterato
             head = 0
 
 
+def added_bos(tokenizer: PreTrainedTokenizerBase) -> int | None:
+    """The bos id when the tokenizer's own template starts a text with it (Llama's does, GPT-2's and rotarium's BPE do
+    not), else None."""
+    bos = tokenizer.bos_token_id
+    if bos is None:
+        return None
+    with_special = tokenizer("a")["input_ids"]
+    without = tokenizer("a", add_special_tokens=False)["input_ids"]
+    return bos if with_special[:1] == [bos] and without[:1] != [bos] else None
+
+
 def tokenize(tokenizer: PreTrainedTokenizerBase, documents: Iterable[str], batch: int = 256) -> Iterator[list[int]]:
+    """Each document's ids as training reads them, before the eos :func:`pack` ends it with: the text's ids, after
+    the tokenizer's bos where its own template starts a text with one. A model pretrained so sees a document start
+    as generation and evaluation prompts start (``tokenizer(prompt)`` adds that bos); only the bos is taken from the
+    template, since the eos comes from packing and a template's other tokens (an eos of its own) would double it.
+    ``rotarium prepare`` frames documents with this function too, so a prepared folder and a run that tokenises
+    its text hold the same ids."""
+    head = [bos] if (bos := added_bos(tokenizer)) is not None else []
     iterator = iter(documents)
     while chunk := list(itertools.islice(iterator, batch)):
-        yield from tokenizer(chunk, add_special_tokens=False)["input_ids"]
+        for ids in tokenizer(chunk, add_special_tokens=False)["input_ids"]:
+            yield head + ids if head else ids
 
 
 def pack_all(tokenizer: PreTrainedTokenizerBase, documents: Iterable[str], seq_len: int, what: str) -> PackedSequences:
@@ -90,37 +128,120 @@ def collate(tokens: torch.Tensor, starts: list[list[int]]) -> dict[str, torch.Te
     return {"input_ids": input_ids, "labels": input_ids.clone(), "cu_seqlens": torch.tensor(cu, dtype=torch.long)}
 
 
+# The cached order of an epoch is what a process maps instead of holding: from this many sequences on (32 MB of
+# int64 per process, from about 8B tokens at 2048 a sequence), below it the order is computed in memory.
+CACHE_ORDER_FROM = 1 << 22
+ORDER_FILE = "order-{n}-{seed}-{epoch}.npy"
+
+
+def save_array(path: str | os.PathLike, array: np.ndarray) -> None:
+    """``array`` as the ``.npy`` file ``path``, written atomically (:func:`~rotarium.utils.files.write_file_atomic`)."""
+    def write(tmp: Path) -> None:
+        with open(tmp, "wb") as f:  # a file object: given a path without .npy, np.save would append the suffix
+            np.save(f, array, allow_pickle=False)
+
+    write_file_atomic(path, write)
+
+
+def epoch_order(n: int, seed: int, epoch: int) -> np.ndarray:
+    """int64 ``[n]``: the order in which epoch ``epoch`` visits ``n`` sequences, ``randperm(n)`` seeded with
+    ``seed * 1000003 + epoch``."""
+    return torch.randperm(n, generator=torch.Generator().manual_seed(seed * 1000003 + epoch)).numpy()
+
+
+class EpochOrder:
+    """``order(epoch)``: :func:`epoch_order` of ``n`` sequences, one epoch at a time (the newest kept).
+
+    With a ``cache`` folder and at least ``cache_from`` sequences, an epoch's order is written there once
+    (``order-<n>-<seed>-<epoch>.npy``, uint32 when ``n`` fits) and memory-mapped: every process of a machine then
+    shares its pages instead of each holding a copy, and none recomputes it on resume. Processes that miss the file
+    at the same time each write the same content under their own temporary name and rename it into place."""
+
+    def __init__(self, n: int, seed: int, cache: str | os.PathLike | None = None,
+                 cache_from: int = CACHE_ORDER_FROM):
+        self.n, self.seed = n, seed
+        self.cache = Path(cache) if cache is not None and n >= cache_from else None
+        self._epoch, self._order = -1, np.zeros(0, dtype=np.int64)
+
+    def path(self, epoch: int) -> Path | None:
+        """Where epoch ``epoch``'s order is cached, or None when it is computed in memory."""
+        return self.cache / ORDER_FILE.format(n=self.n, seed=self.seed, epoch=epoch) if self.cache else None
+
+    def __call__(self, epoch: int) -> np.ndarray:
+        if epoch != self._epoch:
+            self._order, self._epoch = self._load(epoch), epoch
+        return self._order
+
+    def _load(self, epoch: int) -> np.ndarray:
+        path = self.path(epoch)
+        if path is None:
+            return epoch_order(self.n, self.seed, epoch)
+        if path.is_file():
+            try:
+                order = np.load(path, mmap_mode="r", allow_pickle=False)
+                if order.shape == (self.n,):
+                    return order
+            except ValueError:  # not an array file (replaced by hand): written again below
+                pass
+        order = epoch_order(self.n, self.seed, epoch)
+        make_folder(self.cache, "the data-order cache")
+        save_array(path, order.astype(np.uint32) if self.n < 2 ** 32 else order)
+        return np.load(path, mmap_mode="r", allow_pickle=False)
+
+
 class BatchSchedule:
     """The sequences of every micro-batch of a run, from the step number alone.
 
-    Epoch ``e`` visits the training sequences in the order ``randperm(N, seed + e)``; optimizer step ``s`` takes the
-    next ``world * accum * B`` of them (wrapping into the next epoch), and rank ``r`` micro-step ``a`` takes its
-    ``B``. Identical on every rank, so the ranks' data are disjoint within a step without any communication.
+    ``data``: the training sequences, in memory (:class:`PackedSequences`) or read from a prepared folder
+    (:class:`rotarium.data.loader.PreparedSequences`). Epoch ``e`` visits them in the order of
+    :class:`EpochOrder`; optimizer step ``s`` takes the next ``world * accum * B`` of them (wrapping into the next
+    epoch), and rank ``r`` micro-step ``a`` takes its ``B``. Identical on every rank, so the ranks' data are disjoint
+    within a step without any communication, and finding the batch of any step takes the same time.
+
+    The run's position in the data is the number of sequences consumed: ``start_sequences`` before ``start_step``
+    (default ``start_step * global_batch``, which makes the batch of step ``s`` a function of ``(seed, s)`` alone; a
+    resumed run passes the count its checkpoint recorded, so a changed global batch continues where the data
+    stopped). ``order_cache``: see :class:`EpochOrder`.
     """
 
-    def __init__(self, data: PackedSequences, batch_size: int, accum: int, world: int, rank: int, seed: int):
+    def __init__(self, data: Sequences, batch_size: int, accum: int, world: int, rank: int, seed: int, *,
+                 start_step: int = 0, start_sequences: int | None = None,
+                 order_cache: str | os.PathLike | None = None):
         self.data, self.B, self.accum, self.world, self.rank, self.seed = data, batch_size, accum, world, rank, seed
-        self._epoch, self._order = -1, None
+        if len(data) < 1:
+            raise ValueError("no training sequence to schedule")
+        self.order = EpochOrder(len(data), seed, order_cache)
+        self.start_step = start_step
+        self.start_sequences = start_step * self.global_batch if start_sequences is None else start_sequences
 
     @property
     def global_batch(self) -> int:
         return self.B * self.accum * self.world
 
-    def _index(self, position: int) -> int:
-        n = len(self.data)
-        epoch, i = divmod(position, n)
-        if epoch != self._epoch:
-            self._epoch = epoch
-            self._order = torch.randperm(n, generator=torch.Generator().manual_seed(self.seed * 1000003 + epoch))
-        return int(self._order[i])
+    def consumed(self, step: int) -> int:
+        """Sequences the run has consumed before optimizer step ``step`` (0-based), all ranks together."""
+        return self.start_sequences + (step - self.start_step) * self.global_batch
+
+    def position(self, step: int) -> dict[str, int]:
+        """The data position before step ``step``, as a checkpoint records it: ``epoch``, ``sequences`` (consumed
+        since the run began), ``sequences_per_epoch`` and ``seed``."""
+        consumed = self.consumed(step)
+        return {"epoch": consumed // len(self.data), "sequences": consumed, "sequences_per_epoch": len(self.data),
+                "seed": self.seed}
 
     def indices(self, step: int, micro: int) -> list[int]:
-        first = step * self.global_batch + (micro * self.world + self.rank) * self.B
-        return [self._index(p) for p in range(first, first + self.B)]
+        """This rank's sequences of micro-batch ``micro`` of step ``step``."""
+        n = len(self.data)
+        first = self.consumed(step) + (micro * self.world + self.rank) * self.B
+        out = []
+        for position in range(first, first + self.B):
+            epoch, i = divmod(position, n)
+            out.append(int(self.order(epoch)[i]))
+        return out
 
     def batch(self, step: int, micro: int) -> dict[str, torch.Tensor]:
-        idx = self.indices(step, micro)
-        return collate(self.data.tokens[idx], [self.data.starts[i] for i in idx])
+        """This rank's micro-batch ``micro`` of step ``step``, collated (:func:`collate`)."""
+        return collate(*self.data.rows(self.indices(step, micro)))
 
 
 def validation_batches(data: PackedSequences, batch_size: int, max_batches: int, world: int, rank: int

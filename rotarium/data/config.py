@@ -10,9 +10,11 @@ DEFAULT_SEED = 0
 @dataclass
 class DataSection:
     """``source``: ``embedded`` (the standard library's documentation topics), a local .txt/.jsonl/.json/.parquet
-    file or folder, or a Hub dataset name (read with streaming when ``streaming``)."""
+    file or folder, a folder written by ``rotarium prepare`` (docs/data.md), or a Hub dataset name (read with
+    streaming when ``streaming``)."""
     source: str = field(default="embedded", metadata={
-        "help": "embedded (no download) | a .txt/.jsonl/.json/.parquet file or folder | a Hub dataset name"})
+        "help": "embedded (no download) | a .txt/.jsonl/.json/.parquet file or folder | a folder written by "
+                "`rotarium prepare` | a Hub dataset name"})
     hub_config: str | None = field(default=None, metadata={"help": "the Hub dataset's configuration (subset)"})
     split: str = field(default="train", metadata={"help": "the Hub dataset's split"})
     text_field: str = field(default="text", metadata={"help": "the column holding the text (JSON, Parquet, Hub)"})
@@ -26,3 +28,6 @@ class DataSection:
     max_validation_tokens: int = field(default=65536, metadata={"help": "at most this many held-out tokens are scored"})
     shuffle_buffer: int = field(
         default=10000, metadata={"help": "streaming: documents in the shuffle buffer of each pass (1: no shuffle)"})
+    num_workers: int = field(default=2, metadata={
+        "help": "a prepared folder: DataLoader worker processes reading each process's batches ahead of the step "
+                "(0: read on the training thread); other sources are read on the training thread"})

@@ -8,6 +8,11 @@ may hold documents the run trained on. So the run records, in its ``training_arg
 how many documents it held out and a SHA-256 over their texts, with a local ``data.source`` as an absolute path (a
 relative one names another file, or a Hub dataset, from another working directory). ``rotarium eval`` reads the
 corpus from that path and refuses documents whose digest differs.
+
+A run from a prepared folder holds out the folder's validation split, decided when the folder was prepared. Its
+record (:func:`prepared_record`) names the folder (absolute path), its fingerprint, and a SHA-256 over its
+validation shards' recorded SHA-256; :func:`check_prepared` opens the folder there, compares both, and checks the
+validation shard files' own SHA-256 (the split is small), so ``rotarium eval`` scores the tokens the run held out.
 """
 from __future__ import annotations
 
@@ -18,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from rotarium.data.config import DataSection
+from rotarium.data.prepared import PreparedCorpus
 
 RECORD_KEY = "held_out"
 
@@ -89,3 +95,43 @@ def check_held_out(record: Any, cfg: DataSection, documents: Sequence[str], wher
                      f"against {count}, SHA-256 {digest[:12]}, recorded in {where}) and may hold documents the run "
                      "trained on; evaluate with the corpus the run trained on, or pass --data FILE to score another "
                      "text knowingly")
+
+
+def _validation_sha256(corpus: PreparedCorpus) -> str:
+    """SHA-256 over the validation shard files' names and recorded SHA-256, in order."""
+    digest = hashlib.sha256()
+    for shard in corpus.validation.record["shards"]:
+        for name, file in shard["files"].items():
+            digest.update(f"{name}:{file['sha256']}\n".encode())
+    return digest.hexdigest()
+
+
+def prepared_record(corpus: PreparedCorpus) -> dict[str, Any]:
+    """The record of a prepared run's held-out documents, its folder's validation split: ``source`` (the folder's
+    absolute path), ``prepared`` (its fingerprint), ``documents`` and ``sha256`` (:func:`_validation_sha256`)."""
+    return {"source": str(corpus.path.absolute()), "prepared": corpus.fingerprint,
+            "documents": corpus.validation.num_documents, "sha256": _validation_sha256(corpus)}
+
+
+def is_prepared_record(record: Any) -> bool:
+    return isinstance(record, Mapping) and "prepared" in record
+
+
+def check_prepared(record: Any, where: str) -> PreparedCorpus:
+    """The prepared folder a run held its validation split out of, from its ``record`` (in the file ``where``),
+    checked to hold that split still: the folder's fingerprint, the digest of its validation shards, and those
+    shard files' own SHA-256. Raises ``ValueError`` naming the folder and what differs."""
+    source, count, digest = _checked_record(record, where)
+    hint = "prepare the run's source again into that folder, or pass --data FILE to score another text knowingly"
+    if not Path(source).is_dir():
+        raise ValueError(f"the run trained from the prepared folder {source} ({where}), which is no longer there; put "
+                         f"it back at that path to score its validation split, or pass --data FILE to score another "
+                         "text knowingly")
+    corpus = PreparedCorpus(source)
+    if corpus.fingerprint != record["prepared"] or corpus.validation.num_documents != count or (
+            _validation_sha256(corpus) != digest):
+        raise ValueError(f"the prepared folder {source} changed since training (fingerprint {corpus.fingerprint[:12]}, "
+                         f"recorded {str(record['prepared'])[:12]} in {where}): its validation split may not be the "
+                         f"documents the run held out; {hint}")
+    corpus.verify(splits=("validation",))
+    return corpus

@@ -29,14 +29,13 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from rotarium.data.batches import tokenize
+from rotarium.data.batches import added_bos, save_array, tokenize
 from rotarium.data.config import DEFAULT_SEED, DataSection
 from rotarium.data.documents import iter_documents
 from rotarium.data.tokenizer import SPECIAL_TOKENS, load_tokenizer, train_bpe
 from rotarium.utils.files import (
     check_writable_folder,
     make_folder,
-    write_file_atomic,
     write_folder_atomic,
     write_json_atomic,
 )
@@ -149,17 +148,6 @@ def tokenizer_fingerprint(tokenizer: PreTrainedTokenizerBase) -> str:
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
-def added_bos(tokenizer: PreTrainedTokenizerBase) -> int | None:
-    """The bos id when the tokenizer's own template starts a text with it (Llama's does, GPT-2's and rotarium's BPE do
-    not), else None."""
-    bos = tokenizer.bos_token_id
-    if bos is None:
-        return None
-    with_special = tokenizer("a")["input_ids"]
-    without = tokenizer("a", add_special_tokens=False)["input_ids"]
-    return bos if with_special[:1] == [bos] and without[:1] != [bos] else None
-
-
 def token_dtype(tokenizer: PreTrainedTokenizerBase) -> np.dtype:
     """uint16 when every id fits in 16 bits, else uint32."""
     top = max(max(tokenizer.get_vocab().values(), default=0), len(tokenizer) - 1)
@@ -168,19 +156,17 @@ def token_dtype(tokenizer: PreTrainedTokenizerBase) -> np.dtype:
 
 class DocumentEncoder:
     """Texts -> their ids as training sees them, flat: ``(tokens [sum of lengths], lengths [len(texts)])``, each
-    document ``[bos] + ids + [eos]`` (bos where the tokenizer adds one)."""
+    document ``[bos] + ids + [eos]`` (:func:`~rotarium.data.batches.tokenize`, bos where the tokenizer's template
+    adds one, and the eos :func:`~rotarium.data.batches.pack` ends a document with)."""
 
     def __init__(self, tokenizer: PreTrainedTokenizerBase, dtype: np.dtype):
         self.tokenizer, self.dtype = tokenizer, np.dtype(dtype)
-        bos = added_bos(tokenizer)
-        self.head = [bos] if bos is not None else []
         self.tail = [tokenizer.eos_token_id]
 
     def __call__(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
         ids = list(tokenize(self.tokenizer, texts, batch=max(1, len(texts))))
-        extra = len(self.head) + 1
-        lengths = np.fromiter((len(x) + extra for x in ids), dtype=np.int64, count=len(ids))
-        flat = itertools.chain.from_iterable(itertools.chain(self.head, x, self.tail) for x in ids)
+        lengths = np.fromiter((len(x) + 1 for x in ids), dtype=np.int64, count=len(ids))
+        flat = itertools.chain.from_iterable(itertools.chain(x, self.tail) for x in ids)
         return np.fromiter(flat, dtype=self.dtype, count=int(lengths.sum())), lengths
 
 
@@ -247,14 +233,6 @@ def _file_record(path: Path) -> dict[str, Any]:
     return {"bytes": path.stat().st_size, "sha256": digest.hexdigest()}
 
 
-def _save_array(path: Path, array: np.ndarray) -> None:
-    def write(tmp: Path) -> None:
-        with open(tmp, "wb") as f:  # a file object: given a path without .npy, np.save would append the suffix
-            np.save(f, array, allow_pickle=False)
-
-    write_file_atomic(path, write)
-
-
 class _SplitWriter:
     """One split's pending documents and its complete shards."""
 
@@ -287,7 +265,7 @@ class _SplitWriter:
         tokens = np.concatenate(self.chunks).astype(self.dtype, copy=False)
         files = {}
         for relative, array in zip(shard_files(self.name, len(self.shards)), (tokens, offsets)):
-            _save_array(self.out / relative, array)
+            save_array(self.out / relative, array)
             files[relative] = _file_record(self.out / relative)
         self.shards.append({"tokens": len(tokens), "documents": len(lengths), "files": files})
         self.chunks, self.first, self._tokens = [], None, 0
@@ -651,10 +629,23 @@ class PreparedSplit:
 
     def document_starts(self, start: int, stop: int) -> np.ndarray:
         """int64: the documents starting strictly inside ``(start, stop)``, relative to ``start`` (the
-        ``cu_seqlens`` material of a window of the stream)."""
-        offsets = self.document_offsets()
-        lo, hi = np.searchsorted(offsets, start, side="right"), np.searchsorted(offsets, stop, side="left")
-        return offsets[lo:hi] - start
+        ``cu_seqlens`` material of a window of the stream). Searches the shards' own offset maps, so reading a
+        window holds no index of the whole split in memory."""
+        parts = []
+        k = int(np.searchsorted(self.shard_starts, start, side="right") - 1)
+        while k < self.num_shards and self.shard_starts[k] < stop:
+            base = int(self.shard_starts[k])
+            starts = self.shard(k)[1][:-1]  # a shard starts with a document and ends where the next shard starts
+            lo = np.searchsorted(starts, start - base, side="right")
+            hi = np.searchsorted(starts, stop - base, side="left")
+            parts.append(np.asarray(starts[lo:hi], dtype=np.int64) + (base - start))
+            k += 1
+        return np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
+
+    def __getstate__(self) -> dict[str, Any]:
+        """Pickled (to a DataLoader worker) without its maps, which the worker opens again: a memory map pickles
+        as its whole content."""
+        return {**self.__dict__, "_maps": {}, "_offsets": None}
 
     def __len__(self) -> int:
         return self.num_documents
@@ -678,12 +669,18 @@ class PreparedCorpus:
         self.dtype = np.dtype(self.metadata["dtype"])
         self.bos_id: int | None = self.metadata["tokenizer"]["bos_id"]
         self.eos_id: int = self.metadata["tokenizer"]["eos_id"]
+        self.tokenizer_sha256: str = self.metadata["tokenizer"]["sha256"]
         self.splits = {name: PreparedSplit(self.path, name, self.metadata["splits"][name], self.dtype)
                        for name in SPLITS}
         for split in self.splits.values():
             for shard in split.record["shards"]:
                 for name, file in shard["files"].items():
                     _check_size(self.path, name, file["bytes"])
+
+    @property
+    def identity(self) -> dict[str, str]:
+        """What a run records of the folder, to know it again: its ``fingerprint`` and its tokenizer's SHA-256."""
+        return {"prepared": self.fingerprint, "tokenizer": self.tokenizer_sha256}
 
     @property
     def train(self) -> PreparedSplit:
@@ -715,14 +712,21 @@ class PreparedCorpus:
             ids = ids[:-1]
         return tokenizer.decode(ids)
 
-    def verify(self) -> None:
-        """Raises ``ValueError`` naming the first shard file whose SHA-256 is not the recorded one."""
-        for split in self.splits.values():
+    def verify(self, splits: tuple[str, ...] = SPLITS) -> None:
+        """Raises ``ValueError`` naming the first shard file of ``splits`` whose SHA-256 is not the recorded one."""
+        for split in (self.splits[name] for name in splits):
             for shard in split.record["shards"]:
                 for name, file in shard["files"].items():
                     if _file_record(self.path / name)["sha256"] != file["sha256"]:
                         raise ValueError(f"{self.path / name} changed since it was prepared (its SHA-256 is not the "
                                          f"one in {METADATA}); prepare the source again into a new folder")
+
+
+def is_prepared(source: str | os.PathLike) -> bool:
+    """Whether ``source`` (a ``data.source``) names a prepared folder, finished or not: a folder holding
+    ``metadata.json`` or a prepare's ``progress.json`` (:class:`PreparedCorpus` refuses an unfinished one)."""
+    path = Path(source)
+    return path.is_dir() and ((path / METADATA).is_file() or (path / PROGRESS).is_file())
 
 
 def _check_size(root: Path, name: str, size: int) -> None:

@@ -32,10 +32,10 @@ def run_eval(args: argparse.Namespace) -> int:
     from rotarium.evaluation.generate import check_model_path
     from rotarium.evaluation.perplexity import (
         evaluation_documents,
+        evaluation_tokens,
         format_table,
         perplexity_by_context,
         save_results,
-        stream_tokens,
     )
 
     check_model_path(args.model)
@@ -50,10 +50,10 @@ def run_eval(args: argparse.Namespace) -> int:
         return run_benchmarks(args, output)
     documents, description = evaluation_documents(args.data, args.model if local else None)
     model, tokenizer = load_for(args)
-    tokens = stream_tokens(tokenizer, documents)
     train_length = getattr(model.config, "max_position_embeddings", None)
     lengths = args.context_lengths or sorted({max(2, train_length // 2 if train_length else 64), *(
         (train_length * m for m in (1, 2, 4)) if train_length else (128, 256, 512))})
+    tokens = evaluation_tokens(documents, tokenizer, max(args.max_tokens, *lengths))
     rows = perplexity_by_context(model, tokens, lengths, max_tokens=args.max_tokens, batch_size=args.batch_size)
     print(f"{args.model} on {description} ({tokens.numel()} tokens):")
     print(format_table(rows, train_length))
@@ -119,7 +119,8 @@ def add_commands(subparsers: argparse._SubParsersAction) -> None:
     ev.add_argument("--data", default="validation",
                     help="'validation': the documents the checkpoint's training run held out, checked against "
                          "the record the run kept of them (default); "
-                         "'embedded': the embedded corpus; or a local .txt/.jsonl/.parquet file or folder")
+                         "'embedded': the embedded corpus; a prepared folder (its validation split); or a local "
+                         ".txt/.jsonl/.parquet file or folder")
     ev.add_argument("--context-lengths", type=int_list("--context-lengths", minimum=2), default=None,
                     help="comma-separated lengths, e.g. 128,256,512 (default: half, 1x, 2x and 4x the "
                          "training length)")

@@ -1,9 +1,10 @@
 """Perplexity against context length: the length-extrapolation curve of the papers.
 
-The text is one token stream (documents joined by blank lines, so a context can span several); for a context length
-L it is cut into non-overlapping windows of L tokens and every prediction in every window is scored. Each length
-scores the same tokens where the text allows (``max_tokens`` of them), so the numbers differ only by how much
-context the model gets, up to the window's own length.
+The text is one token stream (documents joined by blank lines, so a context can span several; a prepared folder's
+validation split is its own token stream, each document framed as training read it); for a context length L it is
+cut into non-overlapping windows of L tokens and every prediction in every window is scored. Each length scores the
+same tokens where the text allows (``max_tokens`` of them), so the numbers differ only by how much context the
+model gets, up to the window's own length.
 """
 from __future__ import annotations
 
@@ -19,7 +20,8 @@ import torch
 from rotarium.data.config import DEFAULT_SEED, DataSection
 from rotarium.data.documents import held_out_documents, iter_documents
 from rotarium.data.heldout import RECORD_KEY as HELD_OUT_RECORD
-from rotarium.data.heldout import check_held_out, recorded_source
+from rotarium.data.heldout import check_held_out, check_prepared, is_prepared_record, recorded_source
+from rotarium.data.prepared import PreparedCorpus, is_prepared, tokenizer_fingerprint
 from rotarium.utils.files import make_folder, write_json_atomic
 from rotarium.utils.plots import save_figure
 
@@ -34,6 +36,22 @@ def stream_tokens(tokenizer: PreTrainedTokenizerBase, texts: list[str]) -> torch
     for text in texts:
         ids.extend(tokenizer("\n\n" + text if ids else text, add_special_tokens=False)["input_ids"])
     return torch.tensor(ids, dtype=torch.long)
+
+
+def evaluation_tokens(text: list[str] | PreparedCorpus, tokenizer: PreTrainedTokenizerBase,
+                      limit: int) -> torch.Tensor:
+    """The token stream ``[N]`` to score: documents tokenised and joined (:func:`stream_tokens`), or a prepared
+    folder's validation split as it is stored, its first ``limit`` tokens (all of them are never needed: see
+    :func:`perplexity_by_context`). Raises ``ValueError`` when ``tokenizer`` is not the folder's: its ids would mean
+    other text."""
+    if not isinstance(text, PreparedCorpus):
+        return stream_tokens(tokenizer, text)
+    if tokenizer_fingerprint(tokenizer) != text.tokenizer_sha256:
+        raise ValueError(f"the model's tokenizer is not the one the prepared folder {text.path} was made with "
+                         f"(SHA-256 {tokenizer_fingerprint(tokenizer)[:12]}, the folder's "
+                         f"{text.tokenizer_sha256[:12]}); score it with a model trained on it, or pass --data FILE")
+    split = text.validation
+    return torch.from_numpy(split.tokens(0, min(limit, split.num_tokens)).astype("int64"))
 
 
 @torch.no_grad()
@@ -135,13 +153,18 @@ def _training_args(model_dir: str | os.PathLike | None) -> tuple[dict[str, Any],
     return {}, None
 
 
-def evaluation_documents(data: str, model_dir: str | os.PathLike | None = None) -> tuple[list[str], str]:
-    """The texts to score and a description. ``data``: ``validation`` (the documents the checkpoint's training run
-    held out, re-derived from its ``training_args.json`` and checked against the record of them made at training,
-    :mod:`rotarium.data.heldout`; the embedded corpus's split when there is none), ``embedded`` (the whole embedded
-    corpus), or a local text / JSON Lines / Parquet file or folder."""
+def evaluation_documents(data: str, model_dir: str | os.PathLike | None = None
+                         ) -> tuple[list[str] | PreparedCorpus, str]:
+    """The texts to score (for :func:`evaluation_tokens`) and a description. ``data``: ``validation`` (the documents
+    the checkpoint's training run held out, re-derived from its ``training_args.json`` and checked against the
+    record of them made at training, :mod:`rotarium.data.heldout`: a prepared folder's validation split for a run
+    from one; the embedded corpus's split when there is none), ``embedded`` (the whole embedded corpus), a prepared
+    folder (its validation split), or a local text / JSON Lines / Parquet file or folder."""
     if data == "validation":
         args, path = _training_args(model_dir)
+        if is_prepared_record(args.get(HELD_OUT_RECORD)):
+            corpus = check_prepared(args[HELD_OUT_RECORD], str(path))
+            return corpus, f"{corpus.path} (validation split)"
         section = DataSection(**{k[5:]: v for k, v in args.items() if k.startswith("data.")
                                  and k[5:] in DataSection.__dataclass_fields__})
         record = args.get(HELD_OUT_RECORD)
@@ -160,4 +183,6 @@ def evaluation_documents(data: str, model_dir: str | os.PathLike | None = None) 
             check_held_out(record, section, documents, str(path))
         split = "held-out documents" if section.streaming else "validation split"
         return documents, f"{section.source} ({split})"
+    if is_prepared(data):
+        return PreparedCorpus(data), f"{data} (validation split)"
     return list(iter_documents(DataSection(source=data))), data

@@ -6,7 +6,7 @@ import itertools
 import logging
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -20,6 +20,8 @@ from rotarium.data.batches import (
     validation_batches,
 )
 from rotarium.data.documents import held_out_documents, iter_documents, split_documents
+from rotarium.data.loader import BatchLoader, PreparedSequences
+from rotarium.data.prepared import PreparedCorpus, is_prepared, tokenizer_fingerprint
 from rotarium.data.tokenizer import load_tokenizer, train_bpe
 from rotarium.training.config import Config
 from rotarium.training.run_folder import TOKENIZER
@@ -63,12 +65,38 @@ def build_model(config: Config, tokenizer: PreTrainedTokenizerBase) -> torch.nn.
     return FAMILY_MODELS[model_config.family].lm(model_config)
 
 
+def open_prepared(config: Config) -> PreparedCorpus | None:
+    """The prepared folder ``data.source`` names (recognised by its ``metadata.json``), checked on opening, or None
+    for another source. Raises ``ValueError`` for an unfinished or damaged folder, ``data.streaming`` with one, and
+    a ``tokenizer.name`` or ``--init-from`` whose tokenizer is not the folder's: the ids in the folder are that
+    tokenizer's, so a run from it takes the folder's tokenizer (the BPE settings are then unused)."""
+    d = config.data
+    if not is_prepared(d.source):
+        return None
+    if d.streaming:
+        raise ValueError(f"`data.source={d.source}` is a prepared folder, which is read through memory maps, not "
+                         "streamed; drop `data.streaming`")
+    corpus = PreparedCorpus(d.source)
+    recorded = corpus.metadata["settings"].get("tokenizer")
+    for key, name in (("tokenizer.name", config.tokenizer.name), ("--init-from", config.model.init_from)):
+        if name is None or name == recorded or (Path(name).exists() and str(Path(name).absolute()) == recorded):
+            continue
+        if tokenizer_fingerprint(load_tokenizer(name)) != corpus.tokenizer_sha256:
+            made_with = f"--tokenizer {recorded}" if recorded else "a BPE trained by `rotarium prepare`"
+            fix = ("leave tokenizer.name unset (the run takes the folder's tokenizer)" if key == "tokenizer.name" else
+                   f"prepare the corpus again with --tokenizer {name}")
+            raise ValueError(f"`{key} {name}` is not the tokenizer the prepared folder {d.source} was made with "
+                             f"({made_with}); {fix}")
+    return corpus
+
+
 def prepare_tokenizer(config: Config, run_dir: Path, documents: list[str] | None, accelerator: Accelerator, *,
-                      reuse: bool = False) -> PreTrainedTokenizerBase:
-    """The run's tokenizer: with ``reuse`` (a run continuing a checkpoint) the one saved in the run folder, else
-    ``tokenizer.name``, else the ``init_from`` checkpoint's, else a BPE trained on the training documents by the
-    main process. Without ``reuse`` a tokenizer in the folder (one a run stopped before its first checkpoint left
-    there, say) is replaced: it may stem from another vocabulary size or other data."""
+                      reuse: bool = False, prepared: PreparedCorpus | None = None) -> PreTrainedTokenizerBase:
+    """The run's tokenizer: with ``reuse`` (a run continuing a checkpoint) the one saved in the run folder, else a
+    ``prepared`` folder's (:func:`open_prepared`), else ``tokenizer.name``, else the ``init_from`` checkpoint's,
+    else a BPE trained on the training documents by the main process. Without ``reuse`` a tokenizer in the folder
+    (one a run stopped before its first checkpoint left there, say) is replaced: it may stem from another
+    vocabulary size or other data."""
     saved = run_dir / TOKENIZER
     found = (saved / "tokenizer_config.json").is_file()
     # Only the main process looks and writes; the others wait at the barrier whatever it finds.
@@ -79,7 +107,9 @@ def prepare_tokenizer(config: Config, run_dir: Path, documents: list[str] | None
         name = config.tokenizer.name
         if name is None and config.model.init_from is not None:
             name = config.model.init_from
-        if name is not None:
+        if prepared is not None:
+            tokenizer = prepared.load_tokenizer()
+        elif name is not None:
             tokenizer = load_tokenizer(name)
         else:
             if documents is None:
@@ -93,9 +123,36 @@ def prepare_tokenizer(config: Config, run_dir: Path, documents: list[str] | None
 
 @dataclass
 class RunData:
-    train: BatchSchedule | StreamingSchedule
+    """This process's data: its training batches, its validation batches, and what the run holds out (the
+    documents, or the ``prepared`` folder whose validation split it is)."""
+    train: BatchSchedule | BatchLoader | StreamingSchedule
     validation: list[dict[str, torch.Tensor]]
-    validation_documents: list[str]
+    validation_documents: list[str] | None
+    prepared: PreparedCorpus | None = None
+
+    @property
+    def schedule(self) -> BatchSchedule | None:
+        """The schedule the batches come from (also behind a loader); None for a stream."""
+        return self.train.schedule if isinstance(self.train, BatchLoader) else (
+            self.train if isinstance(self.train, BatchSchedule) else None)
+
+    @property
+    def held_out(self) -> list[str] | PreparedCorpus:
+        """What evaluation scores: the held-out documents, or the prepared folder (its validation split)."""
+        return self.prepared if self.prepared is not None else self.validation_documents
+
+    def position(self, step: int) -> dict[str, Any] | None:
+        """The data position before step ``step`` for a checkpoint (:meth:`BatchSchedule.position`, with a prepared
+        folder's fingerprint and tokenizer SHA-256); None for a stream."""
+        if self.schedule is None:
+            return None
+        identity = self.prepared.identity if self.prepared is not None else {"prepared": None, "tokenizer": None}
+        return {**self.schedule.position(step), **identity}
+
+    def close(self) -> None:
+        """Stops a loader's worker processes."""
+        if isinstance(self.train, BatchLoader):
+            self.train.close()
 
 
 def accumulation_steps(config: Config, world: int) -> int:
@@ -112,13 +169,33 @@ def accumulation_steps(config: Config, world: int) -> int:
 
 
 def prepare_data(config: Config, tokenizer: PreTrainedTokenizerBase, world: int, rank: int, start_step: int,
-                 documents: list[str] | None) -> RunData:
+                 documents: list[str] | None, *, prepared: PreparedCorpus | None = None,
+                 start_sequences: int | None = None, order_cache: Path | None = None,
+                 pin_memory: bool = False) -> RunData:
     """This process's training batches from ``start_step`` on and its share of the validation batches.
-    ``documents``: the whole corpus when it is already read (not streaming)."""
+    ``documents``: the whole corpus when it is already read (not streaming, not prepared); ``prepared``: the
+    prepared folder ``data.source`` names (:func:`open_prepared`), read by a :class:`BatchLoader` with
+    ``data.num_workers`` workers (pinning its batches with ``pin_memory``) and an epoch order cached in
+    ``order_cache``; ``start_sequences``: the sequences consumed before ``start_step``, as the checkpoint resumed
+    from recorded them (default: ``start_step`` global batches)."""
     d, t = config.data, config.train
     accum = accumulation_steps(config, world)
     max_val_rows = max(1, d.max_validation_tokens // d.seq_len)
-    if d.streaming:
+    held_out: list[str] | None
+    if prepared is not None:
+        sequences = PreparedSequences(prepared.train, d.seq_len)
+        val = PreparedSequences(prepared.validation, d.seq_len).packed(max_val_rows)
+        for name, part, split in (("training", sequences, prepared.train), ("validation", val, prepared.validation)):
+            if not len(part):
+                raise ValueError(f"the {name} split of the prepared folder {d.source} holds {split.num_tokens} "
+                                 f"tokens, too few for one sequence of `data.seq_len={d.seq_len}`; use a smaller "
+                                 "seq_len or prepare more text")
+        schedule = BatchSchedule(sequences, t.batch_size, accum, world, rank, t.seed, start_step=start_step,
+                                 start_sequences=start_sequences, order_cache=order_cache)
+        train: BatchSchedule | BatchLoader | StreamingSchedule = BatchLoader(schedule, start_step, d.num_workers,
+                                                                             pin_memory=pin_memory)
+        held_out = None
+    elif d.streaming:
         held_out = held_out_documents(d, t.seed)
         val = pack_all(tokenizer, held_out, d.seq_len, "validation")
 
@@ -126,13 +203,12 @@ def prepare_data(config: Config, tokenizer: PreTrainedTokenizerBase, world: int,
             documents = iter_documents(d, skip=d.validation_documents, shuffle_seed=t.seed + epoch)
             return pack(tokenize(tokenizer, documents), d.seq_len, tokenizer.eos_token_id)
 
-        train: BatchSchedule | StreamingSchedule = StreamingSchedule(training_stream, t.batch_size, accum, world,
-                                                                     rank, start_step)
+        train = StreamingSchedule(training_stream, t.batch_size, accum, world, rank, start_step)
     else:
         documents = documents if documents is not None else list(iter_documents(d))
         train_docs, held_out = split_documents(documents, d.validation_fraction, t.seed)
         val = pack_all(tokenizer, held_out, d.seq_len, "validation")
         train = BatchSchedule(pack_all(tokenizer, train_docs, d.seq_len, "training"), t.batch_size, accum, world,
-                              rank, t.seed)
+                              rank, t.seed, start_step=start_step, start_sequences=start_sequences)
     val = PackedSequences(val.tokens[:max_val_rows], val.starts[:max_val_rows])
-    return RunData(train, validation_batches(val, t.batch_size, t.eval_batches, world, rank), held_out)
+    return RunData(train, validation_batches(val, t.batch_size, t.eval_batches, world, rank), held_out, prepared)

@@ -139,13 +139,14 @@ def run_train(args: argparse.Namespace) -> int:
 def evaluate_and_sample(trainer: Trainer, final_dir: Path) -> None:
     """Perplexity against context length on the held-out documents, and one sample, with the final weights."""
     from rotarium.evaluation.generate import generate_text
-    from rotarium.evaluation.perplexity import format_table, perplexity_by_context, save_results, stream_tokens
+    from rotarium.evaluation.perplexity import evaluation_tokens, format_table, perplexity_by_context, save_results
     from rotarium.training.run_folder import EVAL
 
     config = trainer.config
     model = trainer.accelerator.unwrap_model(trainer.model).eval()
     model.config.use_cache = True
-    tokens = stream_tokens(trainer.tokenizer, trainer.data.validation_documents)
+    tokens = evaluation_tokens(trainer.data.held_out, trainer.tokenizer,
+                               max(config.data.max_validation_tokens, *config.eval.context_lengths))
     rows = perplexity_by_context(model, tokens, list(config.eval.context_lengths),
                                  max_tokens=config.data.max_validation_tokens, batch_size=config.train.batch_size)
     print(f"perplexity on the held-out documents against context length (trained at {config.data.seq_len}):")

@@ -14,10 +14,16 @@ Which settings may differ from the run's on resume:
   guard's settings, trackers and threads, ``model.gradient_checkpointing`` and the ``eval`` section; none of them
   changes the model or the data it sees;
 - with ``--allow-config-change KEY``: the ``data`` and ``optim`` sections and the other ``train`` keys (a moved
-  corpus file, a lower learning rate after a blow-up);
+  corpus file, a lower learning rate after a blow-up); a section's name (``--allow-config-change data``) allows
+  each of its keys;
 - never (:data:`FIXED_ON_RESUME`): the ``model`` section (its weights are the checkpoint's, and a changed size or
   option would not fit them or would silently change what they compute) and the ``tokenizer`` section (the run's
   saved tokenizer is what the ids mean). A run with other such settings is a new run: ``--init-from`` a checkpoint.
+
+A run from a prepared folder also records, in every checkpoint's data position, the folder's fingerprint and its
+tokenizer's SHA-256: the position counts sequences of that content, so a folder prepared again at the same path
+(another source, tokenizer or split) is refused by :func:`check_data`, naming what changed, unless
+``--allow-config-change data``.
 """
 from __future__ import annotations
 
@@ -36,7 +42,7 @@ logger = logging.getLogger(__name__)
 SAFE_ON_RESUME = ("train.max_steps", "train.eval_every", "train.eval_batches", "train.save_every",
                   "train.keep_checkpoints", "train.log_every", "train.max_bad_steps", "train.spike_factor",
                   "train.spike_window", "train.report_to", "train.num_threads", "model.gradient_checkpointing",
-                  "eval.")
+                  "data.num_workers", "eval.")
 FIXED_ON_RESUME = ("model.", "tokenizer.")
 
 
@@ -106,11 +112,22 @@ def _differences(old: dict[str, Any], new: dict[str, Any]) -> dict[str, tuple[An
     return out
 
 
+def _is_allowed(key: str, allowed: set[str]) -> bool:
+    """``key`` is named by ``--allow-config-change``, itself or by its section."""
+    return key in allowed or key.partition(".")[0] in allowed
+
+
 def check_allowed_keys(allowed: set[str]) -> None:
-    """Each ``--allow-config-change`` key is a config key that may change on resume."""
+    """Each ``--allow-config-change`` key is a config key, or a section, that may change on resume."""
+    sections = {f.name for f in dataclasses.fields(Config)}
     known = {f"{section}.{name}" for section, cls in ((f.name, f.default_factory) for f in dataclasses.fields(Config))
              for name in field_types(cls)}
     for key in sorted(allowed):
+        if key in sections:
+            if _matches(f"{key}.", FIXED_ON_RESUME):
+                raise ValueError(f"--allow-config-change {key}: model and tokenizer settings cannot change within a "
+                                 "run; start a new run from the checkpoint's weights with --init-from CHECKPOINT")
+            continue
         if key not in known and not key.startswith("model.options."):
             raise ValueError(f"--allow-config-change {key}: not a config key (see `rotarium train --help`)")
         if _policy(key) == "fixed":
@@ -133,7 +150,7 @@ def check_config(checkpoint: Path, config: Config, allowed: set[str]) -> None:
         raise ValueError(f"--resume: {path} is unreadable ({error}); choose another checkpoint with "
                          "--resume-from step-N") from None
     differences = _differences(saved, config_values(config))
-    refused = {k: v for k, v in differences.items() if _policy(k) != "safe" and k not in allowed}
+    refused = {k: v for k, v in differences.items() if _policy(k) != "safe" and not _is_allowed(k, allowed)}
     if refused:
         listed = ", ".join(f"{key} {old!r} -> {new!r}" for key, (old, new) in sorted(refused.items()))
         fixed = [k for k in refused if _policy(k) == "fixed"]
@@ -150,6 +167,30 @@ def check_config(checkpoint: Path, config: Config, allowed: set[str]) -> None:
     if "train.max_steps" in differences and config.optim.schedule != "constant":
         logger.warning("--resume: train.max_steps changes, and with it the %s learning-rate schedule from step %d on",
                        config.optim.schedule, read_trainer_state(checkpoint)["step"])
+
+
+def check_data(checkpoint: Path, now: dict[str, Any] | None, source: str, allowed: set[str]) -> None:
+    """Refuses to resume ``checkpoint`` when the prepared folder it trained from is not the one ``data.source``
+    (``source``) holds now: ``now`` is the folder's ``{"prepared": fingerprint, "tokenizer": SHA-256}`` (None for a
+    source that is not a prepared folder), compared with the data position the checkpoint recorded. Names what
+    changed; with ``--allow-config-change data`` it warns and goes on."""
+    recorded = read_trainer_state(checkpoint).get("data")
+    if not isinstance(recorded, dict) or not recorded.get("prepared") or now is None:
+        return
+    changed = []
+    if recorded.get("tokenizer") != now["tokenizer"]:
+        changed.append(f"its tokenizer (SHA-256 {str(recorded.get('tokenizer'))[:12]} -> {now['tokenizer'][:12]})")
+    if recorded["prepared"] != now["prepared"]:
+        changed.append(f"its content (fingerprint {recorded['prepared'][:12]} -> {now['prepared'][:12]})")
+    if not changed:
+        return
+    what = f"the prepared folder {source} changed since {checkpoint.name} was trained on it: {' and '.join(changed)}"
+    if "data" in allowed:
+        logger.warning("--resume: %s; going on as --allow-config-change data allows, at the run's position (%d "
+                       "sequences) in the folder as it is now", what, recorded.get("sequences", 0))
+        return
+    raise ValueError(f"--resume: {what}, so the run's position in it would point at other tokens; point data.source "
+                     "at the folder the run trained on, or pass --allow-config-change data to go on with this one")
 
 
 FSDP_SHARDS = "pytorch_model_fsdp_0"  # where accelerate's save_state puts an FSDP model's sharded weights

@@ -9,6 +9,8 @@ A run folder holds::
     final/                          the final model and tokenizer (+ eval/ after `rotarium eval`)
     metrics.jsonl                   one JSON object per logged step / evaluation
     training_args.json, loss_curve.png
+    data-order/                     a prepared folder's epoch orders when large (rotarium.data.batches.EpochOrder),
+                                    memory-mapped by every process instead of held; a cache, rebuilt when missing
     .lock                           while a run holds the folder (:mod:`rotarium.training.lock`)
     previous/                       while an ``--overwrite`` run has no checkpoint yet: the run it replaces
     rewound-from-step-<N>/          what a ``--resume --allow-rewind`` replaced of a run that had reached step N:
@@ -57,8 +59,9 @@ CHECKSUMS = "checksums.json"
 PREVIOUS = "previous"
 REPLACING = ".replacing"  # what an --overwrite run writes before the old run is set aside (its tokenizer)
 REWOUND = "rewound-from-step-{}"
+DATA_ORDER = "data-order"
 # What `--overwrite` deletes: everything a run writes, nothing else the user keeps in the folder.
-RUN_FILES = (CHECKPOINTS, FINAL, TOKENIZER, METRICS, TRAINING_ARGS, LOSS_CURVE)
+RUN_FILES = (CHECKPOINTS, FINAL, TOKENIZER, METRICS, TRAINING_ARGS, LOSS_CURVE, DATA_ORDER)
 
 
 def holds_run(run_dir: Path) -> bool:
@@ -402,6 +405,10 @@ class RunFolder:
 
     def checkpoint(self, step: int) -> Path:
         return checkpoint_dir(self.path, step)
+
+    @property
+    def data_order(self) -> Path:
+        return self.path / DATA_ORDER
 
     def tokenizer_home(self, plan: FolderPlan) -> Path:
         """Where the run's ``tokenizer/`` is read or written: an ``--overwrite`` keeps its own apart until the old

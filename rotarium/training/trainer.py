@@ -34,16 +34,15 @@ from typing import Any
 
 import torch
 
-from rotarium.data.batches import StreamingSchedule
 from rotarium.data.documents import iter_documents, split_documents
-from rotarium.data.heldout import RECORD_KEY, held_out_record
+from rotarium.data.heldout import RECORD_KEY, held_out_record, prepared_record
 from rotarium.models import set_activation_checkpointing
 from rotarium.training.accelerator import make_accelerator
-from rotarium.training.build import accumulation_steps, build_model, prepare_data, prepare_tokenizer
+from rotarium.training.build import accumulation_steps, build_model, open_prepared, prepare_data, prepare_tokenizer
 from rotarium.training.config import Config, flatten
 from rotarium.training.guard import LossGuard
 from rotarium.training.optim import build_optimizer, clip_norm, set_learning_rate
-from rotarium.training.resume import check_allowed_keys, check_config, check_launch
+from rotarium.training.resume import check_allowed_keys, check_config, check_data, check_launch
 from rotarium.training.run_folder import (
     ACCELERATE_STATE,
     TRAINING_ARGS,
@@ -133,6 +132,7 @@ class Trainer:
         from accelerate.utils import set_seed
 
         acc, config, t = self.accelerator, self.config, self.config.train
+        prepared = open_prepared(config)
 
         def take_folder() -> FolderPlan:
             if allowed and not resume:
@@ -143,6 +143,8 @@ class Trainer:
                                     allow_rewind=allow_rewind, max_steps=t.max_steps)
             if plan.checkpoint is not None:
                 check_config(plan.checkpoint, config, allowed)
+                check_data(plan.checkpoint, prepared.identity if prepared is not None else None, config.data.source,
+                           allowed)
                 check_launch(plan.checkpoint, fsdp=acc.distributed_type == "FSDP")
             return plan
 
@@ -154,15 +156,23 @@ class Trainer:
         if self.resume_from is not None:
             self.state = read_trainer_state(self.resume_from)
             self.start_step = self.state["step"]
+        # where the data stopped: the sequences consumed, recorded since runs record a data position
+        position = self.state.get("data") if isinstance(self.state.get("data"), dict) else {}
+        start_sequences = position.get("sequences") if isinstance(position.get("sequences"), int) else None
 
-        documents = None if config.data.streaming else list(iter_documents(config.data))
+        documents = None if config.data.streaming or prepared is not None else list(iter_documents(config.data))
         train_docs = None
         if documents is not None:
             train_docs = split_documents(documents, config.data.validation_fraction, t.seed)[0]
         self.tokenizer = prepare_tokenizer(config, self.folder.tokenizer_home(plan), train_docs, acc,
-                                           reuse=self.resume_from is not None)
+                                           reuse=self.resume_from is not None, prepared=prepared)
+        if prepared is not None and prepared.metadata["tokenizer"]["vocab_size"] > len(self.tokenizer):
+            raise ValueError(f"the prepared folder {config.data.source} holds ids of a vocabulary of "
+                             f"{prepared.metadata['tokenizer']['vocab_size']}, the run's tokenizer has "
+                             f"{len(self.tokenizer)}; train from the folder the run was started on")
         self.data = prepare_data(config, self.tokenizer, acc.num_processes, acc.process_index, self.start_step,
-                                 documents)
+                                 documents, prepared=prepared, start_sequences=start_sequences,
+                                 order_cache=self.folder.data_order, pin_memory=acc.device.type == "cuda")
         self.accum = accumulation_steps(config, acc.num_processes)
         self.tokens_per_step = t.batch_size * self.accum * acc.num_processes * config.data.seq_len
 
@@ -206,6 +216,7 @@ class Trainer:
         try:
             return self._train()
         except BaseException:
+            self.data.close()
             self.folder.abandon()
             raise
 
@@ -223,6 +234,7 @@ class Trainer:
                          dynamic_ncols=True)
         self._window: list[float] = []
         self._window_start = time.perf_counter()
+        self._window_steps, self._data_wait = 0, 0.0
         step = self.start_step
         try:
             while step < t.max_steps:
@@ -271,6 +283,10 @@ class Trainer:
         self.optimizer.zero_grad(set_to_none=True)
         self.state["step"] = step
         self.state["tokens"] += self.tokens_per_step
+        position = self.data.position(step)
+        if position is not None:
+            self.state["data"] = position
+        self._window_steps += 1
         return StepResult(loss, grad_norm, lr, updated)
 
     def _forward_backward(self, step: int) -> tuple[float, float]:
@@ -280,7 +296,10 @@ class Trainer:
         total = torch.zeros((), device=acc.device)
         self.model.train()
         for micro in range(accum):
-            batch = {k: v.to(acc.device) for k, v in self.data.train.batch(step, micro).items()}
+            waiting = time.perf_counter()
+            batch = self.data.train.batch(step, micro)
+            self._data_wait += time.perf_counter() - waiting
+            batch = {k: v.to(acc.device, non_blocking=True) for k, v in batch.items()}
             sync = micro == accum - 1
             # prepare() already runs the forward under autocast when mixed precision is on
             with acc.no_sync(self.model) if not sync else contextlib.nullcontext():
@@ -292,17 +311,21 @@ class Trainer:
         return float(loss_mean), float(grad_norm)
 
     def log_step(self, step: int, result: StepResult) -> None:
-        """The training record of ``step``: the mean loss of the steps updated since the last record, and the
-        throughput over them."""
+        """The training record of ``step``: the mean loss of the steps updated since the last record, the
+        throughput over them, and ``data_wait_seconds``, the mean time a step of them waited for its batches (this
+        process's; a run bound by reading its data shows it here)."""
         elapsed = time.perf_counter() - self._window_start
         window = self._window
         record = {"step": step, "loss": sum(window) / len(window) if window else float("nan"), "lr": result.lr,
                   "grad_norm": result.grad_norm, "tokens": self.state["tokens"],
-                  "tokens_per_second": self.tokens_per_step * max(1, len(window)) / max(elapsed, 1e-9)}
+                  "tokens_per_second": self.tokens_per_step * max(1, len(window)) / max(elapsed, 1e-9),
+                  "data_wait_seconds": self._data_wait / max(1, self._window_steps)}
         self._bar.set_postfix(loss=f"{record['loss']:.3f}", lr=f"{result.lr:.2e}",
-                              tok_s=f"{record['tokens_per_second']:.0f}")
+                              tok_s=f"{record['tokens_per_second']:.0f}",
+                              data_wait=f"{record['data_wait_seconds'] * 1e3:.1f}ms")
         self._log(record)
         self._window, self._window_start = [], time.perf_counter()
+        self._window_steps, self._data_wait = 0, 0.0
 
     @torch.no_grad()
     def evaluate(self, step: int) -> None:
@@ -323,6 +346,7 @@ class Trainer:
     def finish(self, step: int) -> TrainResult:
         """After the last step: the final model, the loss curve, and accelerate's teardown."""
         acc = self.accelerator
+        self.data.close()
         final = self.save_final()
         if not self.guard.healthy_since_good:
             warnings.warn(f"the loss went bad since the last good checkpoint ({self.guard.describe_trouble()}); "
@@ -352,10 +376,12 @@ class Trainer:
 
     def _fingerprints(self) -> list[int] | None:
         """Every process's first training batch as a number, to check (and show) that processes see different
-        data. (Not for a stream: reading a batch ahead would consume it.)"""
-        if isinstance(self.data.train, StreamingSchedule):
+        data. Read from the schedule, past the loader, which hands out each batch once. (Not for a stream: reading
+        a batch ahead would consume it.)"""
+        schedule = self.data.schedule
+        if schedule is None:
             return None
-        tokens = self.data.train.batch(self.start_step, 0)["input_ids"].to(self.accelerator.device)
+        tokens = schedule.batch(self.start_step, 0)["input_ids"].to(self.accelerator.device)
         weights = torch.arange(1, tokens.numel() + 1, device=tokens.device) % 9973
         mine = (tokens.flatten() * weights).sum().reshape(1)
         return [int(x) for x in self.accelerator.gather(mine).tolist()]
@@ -379,7 +405,8 @@ class Trainer:
                      "max_tokens": self.tokens_per_step * self.config.train.max_steps})
         if self.config.data.source != "embedded" and not Path(self.config.data.source).exists():
             args["dataset"] = self.config.data.source
-        args[RECORD_KEY] = held_out_record(self.config.data, self.data.validation_documents)
+        args[RECORD_KEY] = (prepared_record(self.data.prepared) if self.data.prepared is not None else
+                            held_out_record(self.config.data, self.data.validation_documents))
         return args
 
     def _save_model(self, folder: Path) -> None:

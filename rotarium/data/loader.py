@@ -1,0 +1,132 @@
+"""Training from a prepared folder (:mod:`rotarium.data.prepared`): its token stream cut into sequences, read through
+memory maps, and a ``torch.utils.data.DataLoader`` whose worker processes read each rank's micro-batches ahead of the
+step.
+
+Sequence ``i`` of a split is the window ``[i*T, (i+1)*T)`` of its token stream, the documents one after the other
+(each ``[bos] + ids + [eos]``), with the documents starting inside it: exactly the sequences
+:func:`~rotarium.data.batches.pack` cuts from the same documents, so a run from a prepared folder and a run that
+tokenises the same text see the same sequences. Which sequences a step takes is the
+:class:`~rotarium.data.batches.BatchSchedule`'s decision, made in each rank's own process: the loader's sampler
+starts at the run's first step and yields this rank's indices only, so no rank reads another rank's rows, and
+resuming at step ``s`` costs the same for any ``s`` (nothing before it is read or skipped).
+
+The loader is not given to ``accelerator.prepare``, which would shard it a second time: the schedule already gives
+each rank its slice of the global batch.
+"""
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import torch
+
+from rotarium.data.batches import BatchSchedule, PackedSequences, collate
+from rotarium.data.prepared import PreparedSplit
+
+
+class PreparedSequences:
+    """The sequences of ``seq_len`` tokens of a prepared split (see the module docstring), ``split.num_tokens //
+    seq_len`` of them (the last partial window is dropped, as :func:`~rotarium.data.batches.pack` drops it). Holds
+    nothing of the split in memory; pickles without its memory maps, so a worker process opens its own."""
+
+    def __init__(self, split: PreparedSplit, seq_len: int):
+        self.split, self.seq_len = split, seq_len
+
+    def __len__(self) -> int:
+        return self.split.num_tokens // self.seq_len
+
+    def sequence(self, i: int) -> tuple[np.ndarray, np.ndarray]:
+        """Sequence ``i``: its ids ``[T]`` (the folder's dtype) and the offsets inside it (0 excluded) where a
+        document starts."""
+        if not 0 <= i < len(self):
+            raise IndexError(f"sequence {i} of the {self.split.name} split, which has {len(self)}")
+        start = i * self.seq_len
+        return self.split.tokens(start, start + self.seq_len), self.split.document_starts(start, start + self.seq_len)
+
+    def rows(self, indices: list[int]) -> tuple[torch.Tensor, list[list[int]]]:
+        """The sequences at ``indices``: int64 ``[len(indices), T]`` and their document starts."""
+        tokens = np.empty((len(indices), self.seq_len), dtype=np.int64)
+        starts = []
+        for row, i in enumerate(indices):
+            ids, inside = self.sequence(i)
+            tokens[row] = ids
+            starts.append(inside.tolist())
+        return torch.from_numpy(tokens), starts
+
+    def packed(self, count: int) -> PackedSequences:
+        """The first ``count`` sequences (fewer when the split has fewer) in memory: the validation rows."""
+        count = min(count, len(self))
+        tokens, starts = self.rows(list(range(count)))
+        return PackedSequences(tokens, starts)
+
+
+class _MicroBatches(torch.utils.data.Sampler):
+    """``(step, micro, this rank's sequence indices)`` of every micro-batch from ``start_step`` on, in the loop's
+    order; runs in the rank's own process (the schedule's order is never sent to a worker)."""
+
+    def __init__(self, schedule: BatchSchedule, start_step: int):
+        self.schedule, self.start_step = schedule, start_step
+
+    def __iter__(self) -> Iterator[tuple[int, int, list[int]]]:
+        for step in itertools.count(self.start_step):
+            for micro in range(self.schedule.accum):
+                yield step, micro, self.schedule.indices(step, micro)
+
+
+class _Rows(torch.utils.data.Dataset):
+    """A sampler's ``(step, micro, indices)`` -> ``(step, micro, collated batch)``, read in a worker process."""
+
+    def __init__(self, data: PreparedSequences):
+        self.data = data
+
+    def __getitem__(self, item: tuple[int, int, list[int]]) -> tuple[int, int, dict[str, torch.Tensor]]:
+        step, micro, indices = item
+        return step, micro, collate(*self.data.rows(indices))
+
+
+def _as_is(item: Any) -> Any:
+    return item
+
+
+class BatchLoader:
+    """A :class:`~rotarium.data.batches.BatchSchedule`'s micro-batches from ``start_step`` on, read ahead by a
+    DataLoader with ``num_workers`` worker processes (0: on this thread, when asked), each ``prefetch`` micro-batches
+    ahead, in pinned memory with ``pin_memory`` (for a CUDA device). :meth:`batch` is asked for ``(step, micro)`` in
+    the loop's order and checks that the loader delivers exactly that micro-batch. :meth:`close` stops the workers
+    (so does the process ending, or a killed parent: each worker watches its parent)."""
+
+    def __init__(self, schedule: BatchSchedule, start_step: int, num_workers: int, *, pin_memory: bool = False,
+                 prefetch: int = 2):
+        self.schedule, self.start_step = schedule, start_step
+        self._loader = torch.utils.data.DataLoader(
+            _Rows(schedule.data), batch_size=None, sampler=_MicroBatches(schedule, start_step),
+            num_workers=num_workers, collate_fn=_as_is, pin_memory=pin_memory,
+            prefetch_factor=prefetch if num_workers else None)
+        self._iterator: Iterator | None = None
+        self._next = (start_step, 0)
+
+    def batch(self, step: int, micro: int) -> dict[str, torch.Tensor]:
+        """Micro-batch ``micro`` of step ``step``, which must be the one after the last one asked for (the first:
+        ``(start_step, 0)``)."""
+        if self._next == (-1, -1):
+            raise RuntimeError("the loader is closed")
+        if (step, micro) != self._next:
+            raise RuntimeError(f"the loader reads micro-batches in order: asked for step {step} micro-batch {micro}, "
+                               f"the next one is step {self._next[0]} micro-batch {self._next[1]}")
+        if self._iterator is None:
+            self._iterator = iter(self._loader)
+        got_step, got_micro, batch = next(self._iterator)
+        if (got_step, got_micro) != (step, micro):
+            raise RuntimeError(f"the loader delivered step {got_step} micro-batch {got_micro} for step {step} "
+                               f"micro-batch {micro}")
+        self._next = (step, micro + 1) if micro + 1 < self.schedule.accum else (step + 1, 0)
+        return batch
+
+    def close(self) -> None:
+        """Stops the worker processes; the loader gives no batch after it."""
+        iterator, self._iterator = self._iterator, None
+        self._next = (-1, -1)
+        if iterator is not None and hasattr(iterator, "_shutdown_workers"):
+            iterator._shutdown_workers()
