@@ -23,7 +23,7 @@ def load_for(args: argparse.Namespace) -> tuple[PreTrainedModel, PreTrainedToken
 
     from rotarium.evaluation.generate import load_checkpoint
 
-    device = str(check_device(args.device)) if args.device else ("cuda" if torch.cuda.is_available() else "cpu")
+    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")  # checked where the command starts
     name = args.dtype if args.dtype != "auto" else ("bfloat16" if torch.device(device).type == "cuda" else "float32")
     return load_checkpoint(args.model, device=device, dtype=getattr(torch, name))
 
