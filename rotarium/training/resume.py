@@ -179,12 +179,14 @@ def check_data(checkpoint: Path, now: dict[str, Any] | None, source: str, allowe
         return
     changed = []
     if recorded.get("tokenizer") != now["tokenizer"]:
-        changed.append(f"its tokenizer (SHA-256 {str(recorded.get('tokenizer'))[:12]} -> {now['tokenizer'][:12]})")
+        changed.append(f"its tokenizer differs (SHA-256 {str(recorded.get('tokenizer'))[:12]} -> "
+                       f"{now['tokenizer'][:12]})")
     if recorded["prepared"] != now["prepared"]:
-        changed.append(f"its content (fingerprint {recorded['prepared'][:12]} -> {now['prepared'][:12]})")
+        changed.append(f"its content differs (fingerprint {recorded['prepared'][:12]} -> {now['prepared'][:12]})")
     if not changed:
         return
-    what = f"the prepared folder {source} changed since {checkpoint.name} was trained on it: {' and '.join(changed)}"
+    what = (f"`data.source={source}` is not the prepared folder {checkpoint.name} was trained on: "
+            f"{' and '.join(changed)}")
     if "data" in allowed:
         logger.warning("--resume: %s; going on as --allow-config-change data allows, at the run's position (%d "
                        "sequences) in the folder as it is now", what, recorded.get("sequences", 0))
