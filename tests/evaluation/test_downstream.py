@@ -1,0 +1,162 @@
+"""Downstream tasks through lm-evaluation-harness (rotarium.evaluation.downstream), offline: lm-eval's import and task
+index with the Hub switched off, the papers' metrics, and `rotarium eval --tasks` end to end on local tasks in
+lm-eval's YAML format over local JSON Lines files, checked against the model's own log-likelihoods."""
+import json
+import math
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from rotarium.evaluation import downstream
+from tests.reliability.cli_cases import error_line, run_cli_cases
+from tests.training.conftest import ROOT
+
+OFFLINE = {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
+
+QUESTIONS = [
+    ("The sky is", ["blue", "green", "loud"], 0),
+    ("The grass is", ["yellow", "green"], 1),
+    ("Here we", ["go", "stop", "sing", "are"], 0),
+    ("There and back", ["again", "forth"], 0),
+    ("The sun is", ["cold", "yellow", "blue"], 1),
+    ("One plus one is", ["two", "three"], 0),
+]
+TEXTS = ["The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again.",
+         "A for statement runs its body once for each item of a sequence."]
+
+
+def write_local_tasks(folder) -> None:
+    """A multiple-choice task and a rolling log-likelihood task (WikiText's metrics), in lm-eval's YAML format."""
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "mc.jsonl").write_text("\n".join(json.dumps({"question": q, "choices": c, "label": label})
+                                               for q, c, label in QUESTIONS))
+    (folder / "text.jsonl").write_text("\n".join(json.dumps({"page": t}) for t in TEXTS))
+    common = "dataset_path: json\ndataset_kwargs:\n  data_files:\n    test: {data}\ntest_split: test\n"
+    (folder / "tiny_mc.yaml").write_text(
+        "task: tiny_mc\n" + common.format(data=folder / "mc.jsonl") +
+        "output_type: multiple_choice\ndoc_to_text: \"{{question}}\"\ndoc_to_target: label\n"
+        "doc_to_choice: \"{{choices}}\"\nmetric_list:\n  - metric: acc\n  - metric: acc_norm\n")
+    (folder / "tiny_text.yaml").write_text(
+        "task: tiny_text\n" + common.format(data=folder / "text.jsonl") +
+        "output_type: loglikelihood_rolling\ndoc_to_text: \"\"\ndoc_to_target: \"{{page}}\"\n"
+        "metric_list:\n  - metric: word_perplexity\n  - metric: byte_perplexity\n  - metric: bits_per_byte\n")
+
+
+def run_offline(args: list[str], home) -> subprocess.CompletedProcess:
+    env = {**os.environ, **OFFLINE, "HF_HOME": str(home), "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false",
+           "PYTHONPATH": str(ROOT)}
+    env.pop("HF_TOKEN", None)
+    return subprocess.run([sys.executable, "-m", "rotarium", *args], env=env, cwd=ROOT, capture_output=True,
+                          text=True, timeout=600, check=False)
+
+
+def loglikelihood(model, tokenizer, context: str, continuation: str) -> float:
+    """log p(continuation | context), the continuation's tokens cut as lm-eval cuts them (the context's tokens,
+    then what the whole text adds)."""
+    whole = tokenizer(context + continuation, add_special_tokens=False)["input_ids"]
+    n = len(tokenizer(context, add_special_tokens=False)["input_ids"])
+    with torch.no_grad():
+        logp = torch.log_softmax(model(torch.tensor([whole])).logits[0].float(), -1)
+    return sum(float(logp[i - 1, whole[i]]) for i in range(n, len(whole)))
+
+
+def test_eval_tasks_runs_local_tasks_offline_and_matches_the_model(tiny_checkpoint, tiny_model, tokenizer, tmp_path):
+    tasks = tmp_path / "tasks"
+    write_local_tasks(tasks)
+    out = tmp_path / "eval"
+    result = run_offline(["eval", "--model", str(tiny_checkpoint), "--tasks", "tiny_mc,tiny_text", "--include-path",
+                          str(tasks), "--batch-size", "4", "--output-dir", str(out)], tmp_path / "hf")
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-5000:]
+    report = json.loads((out / "downstream.json").read_text())
+    assert report["tasks"] == ["tiny_mc", "tiny_text"] and report["num_fewshot"] is None
+    metrics = {row["task"]: row["metrics"] for row in report["rows"]}
+    # multiple choice: the choice the model finds likeliest after "question " (acc), per byte (acc_norm)
+    right = right_norm = 0
+    for question, choices, label in QUESTIONS:
+        scores = [loglikelihood(tiny_model, tokenizer, question, " " + c) for c in choices]
+        right += max(range(len(choices)), key=scores.__getitem__) == label
+        right_norm += max(range(len(choices)), key=lambda i: scores[i] / len((" " + choices[i]).encode())) == label
+    assert metrics["tiny_mc"]["acc"] == pytest.approx(right / len(QUESTIONS))
+    assert metrics["tiny_mc"]["acc_norm"] == pytest.approx(right_norm / len(QUESTIONS))
+    # rolling log-likelihood: each text after the BOS token, per word
+    total = sum(loglikelihood(tiny_model, tokenizer, tokenizer.bos_token, t) for t in TEXTS)
+    words = sum(len(re.split(r"\s+", t)) for t in TEXTS)
+    assert metrics["tiny_text"]["word_perplexity"] == pytest.approx(math.exp(-total / words), rel=1e-3)
+    assert report["average"] == pytest.approx(right / len(QUESTIONS))  # the accuracy tasks only
+    assert report["lm_eval"]["lm_eval_version"] and "tiny_mc" in report["lm_eval"]["results"]
+    table = (out / "downstream.md").read_text()
+    assert "| tiny_mc | acc (%) |" in table and "| tiny_text | word_perplexity |" in table and "average" in table
+
+
+def test_lm_eval_imports_and_indexes_its_tasks_offline(monkeypatch):
+    for key, value in OFFLINE.items():
+        monkeypatch.setenv(key, value)
+    # one index of lm-eval's own tasks: every task of the papers' list is in it, and a name that is not is refused
+    with pytest.raises(ValueError, match=r"--tasks: no_such_task_xyz is not a task or group of lm-eval [\d.]+ "
+                                         r"\(a local task: --include-path DIR\)"):
+        downstream.task_manager([*downstream.PAPERS, "no_such_task_xyz"])
+
+
+def test_papers_expand_to_the_tables_tasks():
+    assert downstream.expand_tasks("papers") == list(downstream.PAPERS)
+    assert downstream.expand_tasks("piqa, papers,mmlu") == ["piqa", *[t for t in downstream.PAPERS if t != "piqa"],
+                                                            "mmlu"]
+    assert {"wikitext", "lambada_openai", "piqa", "hellaswag", "winogrande", "arc_easy", "arc_challenge", "boolq",
+            "openbookqa", "sciq", "copa", "social_iqa"} == set(downstream.PAPERS)
+    with pytest.raises(ValueError, match="--tasks ' , ' names no task"):
+        downstream.expand_tasks(" , ")
+
+
+def test_each_task_is_reported_with_the_papers_metric_and_the_accuracies_averaged():
+    def entry(**metrics):
+        return {"alias": "x", **{f"{k},none": v for k, v in metrics.items()},
+                **{f"{k}_stderr,none": 0.01 for k in metrics}}
+
+    results = {"results": {
+        "wikitext": {**entry(word_perplexity=21.5, byte_perplexity=1.8, bits_per_byte=0.85)},
+        "lambada_openai": entry(perplexity=30.2, acc=0.40),
+        "hellaswag": entry(acc=0.30, acc_norm=0.36),
+        "arc_challenge": entry(acc=0.22, acc_norm=0.26),
+        "openbookqa": entry(acc=0.18, acc_norm=0.30),
+        "piqa": entry(acc=0.65, acc_norm=0.64),
+        "my_task": {"alias": "my_task", "exact_match,strict-match": 0.5, "exact_match_stderr,strict-match": "N/A",
+                    "acc,none": 0.7},
+    }}
+    rows, average = downstream.task_rows(results, list(results["results"]))
+    shown = {row["task"]: row["metrics"] for row in rows}
+    assert shown["wikitext"] == {"word_perplexity": 21.5}
+    assert shown["lambada_openai"] == {"perplexity": 30.2, "acc": 0.40}
+    assert shown["hellaswag"] == {"acc_norm": 0.36} and shown["arc_challenge"] == {"acc_norm": 0.26}
+    assert shown["openbookqa"] == {"acc_norm": 0.30} and shown["piqa"] == {"acc": 0.65}
+    assert shown["my_task"] == {"exact_match (strict-match)": 0.5, "acc": 0.7}  # every metric of another task
+    assert average == pytest.approx((0.40 + 0.36 + 0.26 + 0.30 + 0.65 + 0.7) / 6)
+    assert rows[0]["stderr"] == {"word_perplexity": 0.01}
+    table = downstream.format_tasks_table(rows, average)
+    assert "| hellaswag | acc_norm (%) | 36.00 |" in table and "| wikitext | word_perplexity | 21.5 |" in table
+    # a group's subtasks are listed, but only what was asked for is averaged
+    rows, average = downstream.task_rows(results, ["piqa", "hellaswag"])
+    assert len(rows) == 7 and average == pytest.approx((0.65 + 0.36) / 2)
+
+
+def test_a_missing_lm_eval_is_one_line_naming_the_extra(monkeypatch):
+    monkeypatch.setitem(sys.modules, "lm_eval", None)
+    with pytest.raises(ValueError, match=r"--tasks runs lm-evaluation-harness, which is not installed: "
+                                         r"pip install 'rotarium\[eval\]'"):
+        downstream.require_lm_eval()
+
+
+def test_eval_tasks_refusals_are_one_line(tiny_checkpoint, tmp_path):
+    model = ["eval", "--model", str(tiny_checkpoint), "--output-dir", str(tmp_path / "out")]
+    results = run_cli_cases({
+        "fewshot": [*model, "--tasks", "piqa", "--num-fewshot", "-1"],
+        "batch": [*model, "--tasks", "piqa", "--batch-size", "0"],
+        "include": [*model, "--tasks", "tiny_mc", "--include-path", str(tmp_path / "nowhere")],
+    }, tmp_path)
+    assert "--num-fewshot must be >= 0, got -1" in error_line(results["fewshot"], "eval")
+    assert "--batch-size must be >= 1, got 0" in error_line(results["batch"], "eval")
+    assert "--include-path" in error_line(results["include"], "eval") and "no such folder" in error_line(
+        results["include"], "eval")
