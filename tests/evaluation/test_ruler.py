@@ -1,6 +1,7 @@
 """RULER's synthetic tasks (rotarium.evaluation.ruler): each generator on hand-checked properties (the exact token
 length, RULER's template, the needle once at the asked depth, gold answers that the text really implies), the two
 scorings on model stubs with known answers, and `rotarium eval --ruler` end to end."""
+import copy
 import json
 import math
 import re
@@ -203,6 +204,21 @@ def test_fwe_answers_are_the_three_most_frequent_coded_words(tokenizer):
         ranked = [w for w, _ in counts.most_common()]
         assert set(ranked[:3]) == set(s.answers) and all(re.fullmatch("[a-z]{6}", w) for w in s.answers)
         assert counts[ranked[2]] > counts[ranked[3]]
+
+
+def test_a_tokenizer_that_adds_bos_gets_it_first_and_counted(tokenizer):
+    from tokenizers import processors
+    from transformers import PreTrainedTokenizerFast
+
+    backend = copy.deepcopy(tokenizer.backend_tokenizer)
+    backend.post_processor = processors.TemplateProcessing(single="<|bos|> $A", special_tokens=[("<|bos|>", 1)])
+    with_bos = PreTrainedTokenizerFast(tokenizer_object=backend, bos_token="<|bos|>", eos_token="<|endoftext|>",
+                                       pad_token="<|pad|>")
+    assert with_bos("a")["input_ids"][0] == 1
+    plain, bos = make_sample("niah_single_1", tokenizer, 512)[0], make_sample("niah_single_1", with_bos, 512)[0]
+    assert len(bos.input_ids) == len(plain.input_ids) == 512 - 128
+    assert bos.input_ids[0] == 1 and plain.input_ids[0] != 1 and bos.answers == plain.answers
+    assert bos.input_ids[-40:] == plain.input_ids[-40:] and bos.answer_ids == plain.answer_ids
 
 
 def test_a_sample_is_a_function_of_seed_task_and_index(tokenizer):
