@@ -10,12 +10,13 @@ the score follow NVIDIA's code (github.com/NVIDIA/RULER: ``scripts/data/syntheti
   haystack grows by whole units to the first size at or past the length, then tokens are removed from the end of
   its filler, never from a needle;
 - what a sample asks (keys, values, needle depths, chains, word draws) depends on ``(seed, task, index)`` only, so
-  one sample index asks the same question at every length and the lengths differ by the haystack alone;
+  one sample index asks the same question at every length and the lengths differ by the haystack alone (except what
+  RULER sizes by the length: fwe's vocabulary and cwe's repetitions);
 - a task with one needle puts sample ``i`` of ``n`` at depth ``i / (n - 1)`` of the haystack (RULER draws it);
 - ``niah_multivalue_noise`` and ``niah_multiquery_noise`` are RULER's multi-value and multi-query tasks on the noise
   haystack (RULER's use Paul Graham's essays, which would have to be downloaded);
 - keys and words come from rotarium's list (:mod:`rotarium.evaluation.ruler_words`) or, with
-  ``words="wonderwords"``, from ``wonderwords``' lists as RULER's do.
+  ``load_words("wonderwords")``, from ``wonderwords``' lists as RULER's do.
 
 Each sample is scored two ways: RULER's (greedy generation of the task's budget of tokens; the fraction of gold
 answers found in it, case-insensitive) and the gold answer's likelihood under teacher forcing (mean negative
@@ -142,24 +143,21 @@ class _Draws:
 
 @dataclass
 class Draft:
-    """A prompt as text, with the character spans its filler takes (tokens may be cut from them) and its needles'."""
+    """A prompt as text, with the character spans of its filler: the only text tokens may be cut from."""
     text: str = ""
     filler: list[tuple[int, int]] = field(default_factory=list)
-    needles: list[tuple[int, int]] = field(default_factory=list)
 
-    def add(self, text: str, kind: str | None = None) -> None:
+    def add(self, text: str, filler: bool = False) -> None:
         start = len(self.text)
         self.text += text
-        if kind == "filler":
+        if filler:
             self.filler.append((start, len(self.text)))
-        elif kind == "needle":
-            self.needles.append((start, len(self.text)))
 
-    def lines(self, units: list[tuple[str, str | None]], sep: str = "\n") -> None:
-        for i, (text, kind) in enumerate(units):
+    def lines(self, units: list[tuple[str, bool]], sep: str = "\n") -> None:
+        for i, (text, filler) in enumerate(units):
             if i:
                 self.add(sep)
-            self.add(text, kind)
+            self.add(text, filler)
 
 
 def _split(family: str, singular: bool = False) -> tuple[str, str, str]:
@@ -173,16 +171,15 @@ def _split(family: str, singular: bool = False) -> tuple[str, str, str]:
     return head, tail, prefix
 
 
-def _place(units: list[tuple[str, str | None]], inserts: list[tuple[float, str, str]]) -> list[tuple[str, str | None]]:
-    """``units`` with each ``(fraction, text, kind)`` inserted before unit ``round(fraction * len(units))``, in the
-    order given where two fall at one place."""
-    out: list[tuple[str, str | None]] = []
+def _place(units: list[tuple[str, bool]], inserts: list[tuple[float, str]]) -> list[tuple[str, bool]]:
+    """``units`` with each ``(fraction, text)`` inserted (not filler) before unit ``round(fraction * len(units))``,
+    in the order given where two fall at one place."""
+    out: list[tuple[str, bool]] = []
     at = sorted(range(len(inserts)), key=lambda i: (round(inserts[i][0] * len(units)), i))
     k = 0
     for position in range(len(units) + 1):
         while k < len(at) and round(inserts[at[k]][0] * len(units)) == position:
-            _, text, kind = inserts[at[k]]
-            out.append((text, kind))
+            out.append((inserts[at[k]][1], False))
             k += 1
         if position < len(units):
             out.append(units[position])
@@ -251,13 +248,13 @@ def _niah(haystack: str, key_type: str, value_type: str, num_k: int = 1, num_v: 
 
         def build(size: int) -> Draft:
             if haystack == "noise":
-                units = [(NOISE, "filler")] * size
+                units = [(NOISE, True)] * size
             else:
-                units = [(NEEDLE.format(type_needle_v=value_type, key=k, value=v), "filler")
+                units = [(NEEDLE.format(type_needle_v=value_type, key=k, value=v), True)
                          for k, v in zip(other_keys.take(size), other_values.take(size))]
             draft = Draft()
             draft.add(head.format(**fields))
-            draft.lines(_place(units, [(f, n, "needle") for f, n in zip(fractions, needles)]))
+            draft.lines(_place(units, list(zip(fractions, needles))))
             draft.add(tail.format(**fields) + prefix.format(**fields))
             return draft
 
@@ -289,18 +286,18 @@ def _vt(num_chains: int = 1, num_hops: int = 4):
         example_value = example_lines[0].split("=")[-1].strip()
         example_positions = sorted(rng.random() for _ in example_lines)
 
-        def context(draft: Draft, size: int, chain_lines, chain_positions, kind: str | None) -> None:
-            units: list[tuple[str, str | None]] = [(NOISE, kind)] * size
+        def context(draft: Draft, size: int, chain_lines, chain_positions, filler: bool) -> None:
+            units = [(NOISE, filler)] * size
             for lines, fractions in zip(chain_lines, chain_positions):
                 # RULER inserts each line before a distinct noise unit drawn at random, keeping the chain's order
                 at = [min(int(f * size), size - 1) for f in fractions]
-                units = _place(units, [(a / size, line, "needle" if kind else None) for a, line in zip(at, lines)])
+                units = _place(units, [(a / size, line) for a, line in zip(at, lines)])
             draft.lines(units)
 
         def example(size: int) -> str:
             draft = Draft()
             draft.add(head.format())
-            context(draft, size, [example_lines], [example_positions], None)
+            context(draft, size, [example_lines], [example_positions], False)
             fields = {"query": example_value, "num_v": num_hops + 1}
             draft.add(tail.format(**fields) + prefix.format(**fields))
             return draft.text
@@ -314,7 +311,7 @@ def _vt(num_chains: int = 1, num_hops: int = 4):
         def build(size: int) -> Draft:
             draft = Draft()
             draft.add(shot + "\n" + head.format())
-            context(draft, size, [lines for _, lines in chains], positions, "filler")
+            context(draft, size, [lines for _, lines in chains], positions, True)
             draft.add(tail.format(**fields) + prefix.format(**fields))
             return draft
 
@@ -352,7 +349,7 @@ def _cwe(num_cw: int = 10, freq_cw: int = 30, freq_ucw: int = 3):
             random.Random(f"{shuffle_seed}:{size}").shuffle(entries)
             draft = Draft()
             draft.add(shot + "\n" + head.format())
-            draft.add(_numbered(entries), "filler")
+            draft.add(_numbered(entries), filler=True)
             draft.add(tail.format() + prefix.format())
             return draft
 
@@ -380,7 +377,7 @@ def _fwe(coded_wordlen: int = 6):
             random.Random(f"{shuffle_seed}:{size}").shuffle(entries)
             draft = Draft()
             draft.add(head.format())
-            draft.add(" ".join(entries), "filler")
+            draft.add(" ".join(entries), filler=True)
             draft.add(tail.format() + prefix.format())
             return draft
 
@@ -498,9 +495,7 @@ def make_sample(task: str, tokenizer: PreTrainedTokenizerBase, length: int, *, i
     ids, offsets = list(encoded["input_ids"]), encoded["offset_mapping"]
     excess = len(ids) - target
     if excess > 0:
-        cut = [i for i in reversed(range(len(ids)))
-               if offsets[i][1] > offsets[i][0] and any(a <= offsets[i][0] and offsets[i][1] <= b
-                                                        for a, b in draft.filler)][:excess]
+        cut = _last_filler_tokens(offsets, draft.filler, excess)
         if len(cut) < excess:
             raise _too_short(task, length, len(ids) - len(cut) + len(special), spec.max_new_tokens)
         dropped = set(cut)
@@ -515,6 +510,22 @@ def make_sample(task: str, tokenizer: PreTrainedTokenizerBase, length: int, *, i
     sample = RulerSample(task, length, index, special + ids, list(answer_ids), plan.answers, plan.continuation,
                          spec.max_new_tokens, plan.depth)
     return sample, size
+
+
+def _last_filler_tokens(offsets: Sequence[tuple[int, int]], filler: list[tuple[int, int]], n: int) -> list[int]:
+    """The indices of the last ``n`` tokens (fewer if there are not so many) that lie wholly inside a filler span."""
+    spans = sorted(filler)
+    j = len(spans) - 1
+    out: list[int] = []
+    for i in range(len(offsets) - 1, -1, -1):
+        if len(out) == n:
+            break
+        start, end = offsets[i]
+        while j >= 0 and spans[j][0] > start:  # tokens only move left, so the span that may hold one does too
+            j -= 1
+        if end > start and j >= 0 and end <= spans[j][1]:
+            out.append(i)
+    return out
 
 
 def _smallest_size(tokens: Callable[[int], int], target: int, minimum: int, hint: int | None) -> int:
