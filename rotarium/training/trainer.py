@@ -403,8 +403,11 @@ class Trainer:
         args = self._flat_config()
         args.update({"world_size": self.accelerator.num_processes, "tokens_per_step": self.tokens_per_step,
                      "max_tokens": self.tokens_per_step * self.config.train.max_steps})
-        if self.config.data.source != "embedded" and not Path(self.config.data.source).exists():
-            args["dataset"] = self.config.data.source
+        source = self.config.data.source
+        if self.data.prepared is not None:  # the prepare's source: a Hub dataset as given, a local one as a path
+            source = self.data.prepared.metadata["settings"].get("source") or "embedded"
+        if source != "embedded" and not Path(source).exists() and not Path(source).is_absolute():
+            args["dataset"] = source
         args[RECORD_KEY] = (prepared_record(self.data.prepared) if self.data.prepared is not None else
                             held_out_record(self.config.data, self.data.validation_documents))
         return args
