@@ -4,7 +4,9 @@ boundaries, and the batches of every step.
 A batch of B sequences of T tokens reaches the model as one packed row ``[1, B*T]`` with ``cu_seqlens`` listing
 every document start and every sequence start, so no recurrent state or attention crosses a document (and the
 model's loss skips cross-document predictions). Which sequences make step ``s`` is a pure function of
-``(seed, s)``: resuming needs only the step counter, and every rank takes its own slice of the same global batch.
+``(seed, s)``: resuming needs only the step counter (or the sequences consumed, which a checkpoint records), and
+every rank takes its own slice of the same global batch. The sequences are packed in memory here, or read from a
+prepared folder (:mod:`rotarium.data.loader`); the schedule is the same.
 """
 from __future__ import annotations
 

@@ -196,6 +196,15 @@ def test_a_large_epoch_order_is_cached_and_mapped(tmp_path):
     assert small.path(0) is None and not isinstance(small(0), np.memmap)
 
 
+def test_a_section_name_allows_its_keys_on_resume():
+    from rotarium.training.resume import check_allowed_keys
+
+    check_allowed_keys({"data", "optim", "train"})
+    for fixed in ("model", "tokenizer"):
+        with pytest.raises(ValueError, match=f"--allow-config-change {fixed}: model and tokenizer settings"):
+            check_allowed_keys({fixed})
+
+
 def test_num_workers_is_checked():
     with pytest.raises(ValueError, match="`data.num_workers` must be at least 0"):
         load_config(None, {"data.num_workers": "-1"})
@@ -356,3 +365,14 @@ def test_ddp_with_workers_killed_and_resumed_repeats_the_run_also_on_one_process
     assert json.loads((one / "training_args.json").read_text())["world_size"] == 1
     mine = losses(one)
     assert all(abs(mine[s] - ref[s]) <= 1e-6 for s in (3, 4)), (mine, ref)
+
+
+@pytest.mark.xdist_group("distributed")
+def test_fsdp_reads_a_prepared_folder_with_workers(folder, tmp_path):
+    run_dir = tmp_path / "fsdp"
+    launch = ["--config_file", accelerate_config("fsdp_cpu.yaml"), "--num_processes", "2"]
+    ok(run_child(["train", "--output-dir", str(run_dir),
+                  *cli_args(folder, **{**GLOBAL, "train__max_steps": 2, "train__eval_every": 2})], launch=launch))
+    start = json.loads((run_dir / "metrics.jsonl").read_text().splitlines()[0])
+    assert start["world_size"] == 2 and len(set(start["first_batch_fingerprints"])) == 2
+    assert sorted(losses(run_dir)) == [1, 2]
