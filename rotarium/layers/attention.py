@@ -17,6 +17,8 @@ from rotarium.layers.norm import HeadRMSNorm, RMSNorm
 from rotarium.layers.positional import HeadDims, PositionalSettings, build_positional
 from rotarium.layers.sequence import SequenceInfo
 from rotarium.ops import forgetting_attn_with_cache, parallel_forgetting_attn
+from rotarium.ops.cumsum import segment_cumsum
+from rotarium.ops.forgetting_attn import eager_forgetting_attn
 
 
 class SoftmaxAttention(nn.Module):
@@ -70,8 +72,10 @@ class SoftmaxAttention(nn.Module):
             heads_major=True))
 
     def forward(self, hidden_states: torch.Tensor, seq: SequenceInfo, state: dict | None = None,
-                use_cache: bool = False) -> tuple[torch.Tensor, dict | None]:
-        """hidden_states ``[B, T, d]`` -> ``([B, T, d], the layer's new cache state when use_cache)``."""
+                use_cache: bool = False, output_attentions: bool = False) -> tuple:
+        """hidden_states ``[B, T, d]`` -> ``([B, T, d], the layer's new cache state when use_cache)``, and with
+        ``output_attentions`` the attention probabilities ``[B, H, T, past + T]`` after them, from the eager path
+        (:func:`rotarium.ops.forgetting_attn.eager_forgetting_attn`) that also computes the output."""
         x = hidden_states
         B, T, _ = x.shape
         state = state or {}
@@ -86,9 +90,15 @@ class SoftmaxAttention(nn.Module):
         g = seq.zero_padding(F.logsigmoid(self.fgate_proj(x).float())) if self.forget_gate else enc.log_decay
 
         cache: KVCache | None = state.get("kv")
+        weights = None
         if cache is None and seq.mask is None:
-            o = parallel_forgetting_attn(enc.q, enc.k, enc.v, g, scale=self.scale, cu_seqlens=seq.cu_seqlens,
-                                         cu_seqlens_cpu=seq.cu_seqlens_cpu)
+            if output_attentions:
+                c = None if g is None else segment_cumsum(g, seq.cu_seqlens)
+                o, weights = eager_forgetting_attn(enc.q, enc.k, enc.v, c, c, scale=self.scale,
+                                                   cu_seqlens=seq.cu_seqlens)
+            else:
+                o = parallel_forgetting_attn(enc.q, enc.k, enc.v, g, scale=self.scale, cu_seqlens=seq.cu_seqlens,
+                                             cu_seqlens_cpu=seq.cu_seqlens_cpu)
             cache = KVCache.start(enc.k, enc.v, None if g is None else g.cumsum(1)) if use_cache else None
         else:
             q_cumsum = None
@@ -98,15 +108,17 @@ class SoftmaxAttention(nn.Module):
                 cache = KVCache.start(enc.k, enc.v, q_cumsum, seq.mask)
             else:
                 cache = cache.append(enc.k, enc.v, q_cumsum, seq.mask)
-            o = forgetting_attn_with_cache(enc.q, cache.keys, cache.values, q_cumsum, cache.log_decay_cumsum,
-                                           scale=self.scale, attention_mask=cache.key_mask)
+            attend = eager_forgetting_attn if output_attentions else forgetting_attn_with_cache
+            o = attend(enc.q, cache.keys, cache.values, q_cumsum, cache.log_decay_cumsum, scale=self.scale,
+                       attention_mask=cache.key_mask)
+            if output_attentions:
+                o, weights = o
         o = enc.restore(o)
         if self.output_gate:
             o = o * torch.sigmoid(self.ogate_proj(x)).view(B, T, self.num_heads, self.head_dim)
         out = self.o_proj(o.reshape(B, T, -1))
-        if not use_cache:
-            return out, None
-        return out, {"kv": cache, "positional": enc.state}
+        new_state = {"kv": cache, "positional": enc.state} if use_cache else None
+        return (out, new_state, weights) if output_attentions else (out, new_state)
 
 
 @dataclass(eq=False)
@@ -213,6 +225,11 @@ class KVCache:
                 buffer[self.length:length] = True if t is None else t.transpose(0, 1)
         buffers.filled = length
         return KVCache(buffers, length)
+
+    def release_later_positions(self) -> None:
+        """Lets the next append write in place after this state's positions: for a state taken back by a rollback
+        (``RotariumCacheLayer.crop``), whose later positions only the dropped states held."""
+        self._buffers.filled = self.length
 
     def select_rows(self, index: torch.Tensor) -> KVCache:
         """The cache of the batch rows ``index`` (int64 ``[B']``, repeats allowed): beam reordering, expansion and

@@ -96,8 +96,14 @@ class LinearAttentionMixer(nn.Module):
         raise NotImplementedError
 
     def forward(self, hidden_states: torch.Tensor, seq: SequenceInfo, state: dict | None = None,
-                use_cache: bool = False) -> tuple[torch.Tensor, dict | None]:
-        """hidden_states ``[B, T, d]`` -> ``([B, T, d], the layer's new cache state when use_cache)``."""
+                use_cache: bool = False, output_attentions: bool = False) -> tuple[torch.Tensor, dict | None]:
+        """hidden_states ``[B, T, d]`` -> ``([B, T, d], the layer's new cache state when use_cache)``.
+        ``output_attentions`` is refused: tokens meet through the recurrent state, and no attention weights exist."""
+        if output_attentions:
+            raise ValueError(
+                f"`output_attentions=True` asks for attention weights, but {type(self).__name__} is a linear "
+                "recurrent mixer: its tokens meet through a recurrent state and it forms none; leave "
+                "`output_attentions` False (the Transformer and FoX families return theirs)")
         x = hidden_states
         B, T, _ = x.shape
         state = state or {}

@@ -49,6 +49,11 @@ class SequenceInfo:
         ``attention_mask`` may be ``[B, T]`` or HF's ``[B, past + T]``: only the current tokens' columns are kept
         (the softmax mixers remember the mask of cached keys themselves). ``cu_seqlens_cpu``, a host copy of
         ``cu_seqlens`` the caller already has, spares the one copy this makes otherwise.
+
+        Without ``cu_seqlens``, one unpadded row whose ``position_ids`` restart (transformers' padding-free packing,
+        ``DataCollatorWithFlattening``) is packed documents: each starts where the positions take their smallest
+        value, transformers' own rule (``prepare_fa_kwargs_from_position_ids``), and the tokens before the first
+        such start form a document of their own.
         """
         B, T = hidden_states.shape[:2]
         device = hidden_states.device
@@ -60,12 +65,25 @@ class SequenceInfo:
                     f"(1 = token, 0 = padding), got {tuple(attention_mask.shape)}"
                 )
             mask = attention_mask[:, -T:].to(device=device, dtype=torch.bool)
-            if bool(mask.all()):  # the one read of the mask per forward: unpadded inputs take the fast paths
-                mask = None
         if position_ids is not None:
             if position_ids.ndim != 2 or position_ids.shape[1] != T or position_ids.shape[0] not in (1, B):
                 raise ValueError(f"`position_ids` must have shape [{B} or 1, {T}], got {tuple(position_ids.shape)}")
             position_ids = position_ids.to(device).expand(B, T)
+        # The one read of the inputs' values per forward: the mask (unpadded inputs take the fast paths) and, where
+        # they could mark packed documents, the positions, copied to the host together.
+        positions_cpu = None
+        if position_ids is not None and cu_seqlens is None and B == 1 and T > 1:
+            read = host_copy(position_ids[0] if mask is None else torch.stack([mask[0].long(), position_ids[0].long()]))
+            if read is not None:
+                if mask is not None and bool(read[0].all()):
+                    mask = None
+                positions_cpu = read if read.ndim == 1 else read[1]
+        elif mask is not None and bool(mask.all()):
+            mask = None
+        if positions_cpu is not None and mask is None:
+            cu_seqlens_cpu = document_starts(positions_cpu)
+            if cu_seqlens_cpu is not None:
+                cu_seqlens = cu_seqlens_cpu.to(device)
         if cu_seqlens is not None:
             if cu_seqlens_cpu is None:
                 cu_seqlens_cpu = host_copy(cu_seqlens)
@@ -73,6 +91,14 @@ class SequenceInfo:
             if mask is not None:
                 raise ValueError("pass either `cu_seqlens` (packed documents) or a padding `attention_mask`, not both")
         return cls(B, T, mask, cu_seqlens, position_ids, device, cu_seqlens_cpu)
+
+    def slice(self, start: int, end: int) -> SequenceInfo:
+        """The tokens ``[start, end)`` of an unpacked input, read nothing more: for feeding an input in pieces."""
+        if self.cu_seqlens is not None:
+            raise ValueError("packed inputs (`cu_seqlens`) cannot be split: each piece would cut documents")
+        mask = None if self.mask is None else self.mask[:, start:end]
+        positions = None if self.position_ids is None else self.position_ids[:, start:end]
+        return SequenceInfo(self.batch_size, end - start, mask, None, positions, self.device)
 
     def document_offsets(self) -> torch.Tensor:
         """``[1, T]``: each packed token's index inside its own document (requires ``cu_seqlens``)."""
@@ -112,6 +138,15 @@ class SequenceInfo:
         if self.mask is None:
             return x
         return x * self.mask.view(*self.mask.shape, *([1] * (x.ndim - 2))).to(x.dtype)
+
+
+def document_starts(positions: torch.Tensor) -> torch.Tensor | None:
+    """int64 ``[N+1]`` boundaries of the documents packed in one row of ``positions`` ``[T]`` (a host tensor): a
+    document starts wherever the positions take their smallest value, and at 0. None for a single document."""
+    starts = (positions == positions.min()).nonzero().flatten()
+    T = positions.shape[0]
+    cu = torch.cat([starts.new_zeros(int(starts[0] != 0)), starts, starts.new_tensor([T])]).long()
+    return cu if cu.numel() > 2 else None
 
 
 def host_copy(x: torch.Tensor) -> torch.Tensor | None:

@@ -1,17 +1,28 @@
-"""The decoding cache: a transformers ``Cache`` holding one state dict per layer.
+"""The decoding cache: a transformers ``Cache`` of one :class:`RotariumCacheLayer` per block.
 
-A layer's state is whatever its mixer needs to continue a sequence: recurrent states ``[B, H, K, V]``,
+A layer holds whatever its mixer needs to continue a sequence, as one state dict: recurrent states ``[B, H, K, V]``,
 short-convolution windows, the positional layer's offsets and cumulative angles, or the KV cache of a softmax
 mixer. Every tensor entry has the batch on dim 0, and an entry that is an object (the softmax mixers' KV cache)
 selects its rows with ``select_rows(index)``, so beam search, batch expansion and selection are one row gather
 for every family alike.
+
+``generate`` builds a :class:`RotariumCache` (the models' ``_prepare_cache_for_generation``); the model also
+takes transformers' own empty caches (``DynamicCache()``, ``DynamicCache(config=model.config)``) and fills them with
+these layers.
+
+Rolling back (assisted and prompt-lookup decoding, which verify drafted tokens and drop the rejected ones): a
+recurrent state cannot be run backwards, so after ``activate_past_recording(recurrent_states_to_keep=n)`` the model
+feeds the last n tokens of each forward one at a time, and each layer keeps the state it had before each of them
+(:meth:`RotariumCacheLayer.set_state`). ``crop(-r)`` then takes back the state from before the r newest tokens:
+recurrent states, convolution windows, RoPE offsets and Selective RoPE's angles as they were, and the KV cache at
+its earlier length.
 """
 from __future__ import annotations
 
 from typing import Any
 
 import torch
-from transformers.cache_utils import Cache
+from transformers.cache_utils import Cache, CacheLayerMixin, DynamicCache, DynamicLayer
 
 
 def _select_rows(value: Any, index: torch.Tensor) -> Any:
@@ -24,35 +35,66 @@ def _select_rows(value: Any, index: torch.Tensor) -> Any:
     return value
 
 
-class RotariumCache(Cache):
-    """The states of every layer of one model, for one batch of sequences.
+def _resume_from(value: Any) -> None:
+    """Lets the state ``value``, taken back by a rollback, continue in place: a KV cache's later positions belonged
+    only to the states the rollback dropped."""
+    if isinstance(value, dict):
+        for v in value.values():
+            _resume_from(v)
+    elif hasattr(value, "release_later_positions"):
+        value.release_later_positions()
 
-    The model records (:meth:`record`) its settings (family, depth, the mixers' options) and the batch size at every
-    step, so that a cache handed to another model, or to inputs of another batch size, is refused by name
+
+class RotariumCacheLayer(CacheLayerMixin):
+    """The decoding state of one block, with the model settings and batch size that wrote it.
+
+    The model records (:meth:`set_state`) its settings (family, depth, the mixers' options) and the batch size at
+    every step, so that a cache handed to another model, or to inputs of another batch size, is refused by name
     (:meth:`check_fits`) instead of being misread.
     """
 
     is_compileable = False
+    is_croppable = True
+    is_sliding = False
+    supports_early_init = False  # the mixers create their states; there are no key/value shapes to allocate
 
-    def __init__(self, num_layers: int = 0):
-        # transformers' Cache wants layer objects; ours are plain state dicts, so its per-layer machinery stays unused
-        super().__init__(layers=[])
-        self.states: list[dict | None] = [None] * num_layers
-        self.seen_tokens = 0
+    def __init__(self, **kwargs):
+        super().__init__()
+        self.state: dict | None = None
+        self.length = 0
         self.built_for: dict[str, Any] | None = None
         self._num_rows: int | None = None
+        self.record_past = False
+        self.recurrent_states_to_keep = 0
+        # (state, length) before each recorded token, oldest first
+        self.history: list[tuple[dict | None, int]] = []
+
+    def __repr__(self) -> str:
+        return f"RotariumCacheLayer(length={self.length})"
+
+    @property
+    def is_initialized(self) -> bool:
+        return self.state is not None
+
+    @is_initialized.setter
+    def is_initialized(self, value: bool) -> None:  # CacheLayerMixin.__init__ assigns it
+        pass
 
     @property
     def batch_size(self) -> int:
-        """The batch size of the states held; -1 before the first step (transformers' convention)."""
+        """The batch size of the state held; -1 before the first step (transformers' convention)."""
         return -1 if self._num_rows is None else self._num_rows
 
-    def record(self, built_for: dict[str, Any], batch_size: int) -> None:
+    def set_state(self, state: dict | None, num_tokens: int, built_for: dict[str, Any], batch_size: int) -> None:
+        """The state after ``num_tokens`` more tokens, written by a model with settings ``built_for``."""
+        if self.record_past:  # kept until the next crop, as transformers' linear-attention layers keep theirs
+            self.history.append((self.state, self.length))
+        self.state, self.length = state, self.length + num_tokens
         self.built_for, self._num_rows = built_for, batch_size
 
     def check_fits(self, built_for: dict[str, Any], batch_size: int, argument: str) -> None:
-        """Raises ``ValueError`` naming ``argument`` when the states held were written by a model with other
-        settings than ``built_for`` or for a batch of another size; an empty cache fits every model."""
+        """Raises ``ValueError`` naming ``argument`` when the state held was written by a model with other settings
+        than ``built_for`` or for a batch of another size; an empty layer fits every model."""
         advice = "pass the cache this model returned for these sequences, or None to start afresh"
         if self.built_for is not None and self.built_for != built_for:
             family, ours = self.built_for.get("family"), built_for.get("family")
@@ -69,65 +111,70 @@ class RotariumCache(Cache):
             raise ValueError(f"`{argument}` holds states for a batch of {self.batch_size} sequences, but the inputs "
                              f"have a batch of {batch_size}; {advice}")
 
-    def __len__(self) -> int:
-        return len(self.states)
+    # transformers' layer interface
+    def lazy_initialization(self, *args, **kwargs) -> None:
+        raise ValueError("a rotarium cache layer is filled by rotarium's mixers (set_state), not from keys and values")
 
-    def __repr__(self) -> str:
-        return f"RotariumCache(layers={len(self.states)}, seen_tokens={self.seen_tokens})"
+    def update(self, *args, **kwargs):
+        raise ValueError("a rotarium cache layer is updated by rotarium's mixers (set_state), not by update()")
 
-    def layer_state(self, layer_idx: int) -> dict | None:
-        return self.states[layer_idx] if layer_idx < len(self.states) else None
+    def get_seq_length(self) -> int:
+        return self.length
 
-    def set_layer_state(self, layer_idx: int, state: dict | None) -> None:
-        while len(self.states) <= layer_idx:
-            self.states.append(None)
-        self.states[layer_idx] = state
-
-    # transformers' Cache interface
-    def get_seq_length(self, layer_idx: int = 0, *args, **kwargs) -> int:
-        return self.seen_tokens
-
-    def get_max_length(self, *args, **kwargs) -> int:
+    def get_max_length(self) -> int:
         return -1
 
-    def get_max_cache_shape(self, *args, **kwargs) -> int:
-        return -1
+    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
+        return self.length + query_length, 0
 
-    def get_mask_sizes(self, query_length: int, *args, **kwargs) -> tuple[int, int]:
-        return self.seen_tokens + query_length, 0
+    def offload(self) -> None:
+        pass  # states stay where the mixers made them
 
-    def has_previous_state(self, *args, **kwargs) -> bool:
-        return self.seen_tokens > 0
+    def prefetch(self) -> None:
+        pass
 
-    @property
-    def is_initialized(self) -> bool:
-        return any(s is not None for s in self.states)
+    def reset(self) -> None:
+        self.state, self.length, self.history = None, 0, []
+        self.built_for = self._num_rows = None
 
-    @property
-    def is_sliding(self) -> list[bool]:
-        return [False] * len(self.states)
+    def activate_past_recording(self, recurrent_states_to_keep: int | None = None) -> None:
+        """Keeps, from now on and until the next :meth:`crop`, the state before each forward and before each of the
+        last ``recurrent_states_to_keep`` tokens of a longer one (the model feeds those one by one), so that
+        :meth:`crop` can drop the tokens of any number of one-token forwards (an assistant's drafts) or up to that
+        many of one forward (a verification of drafts)."""
+        self.record_past = True
+        self.recurrent_states_to_keep = max(recurrent_states_to_keep or 0, self.recurrent_states_to_keep)
 
-    @property
-    def is_linear(self) -> list[bool]:
-        return [False] * len(self.states)
-
-    @property
-    def is_dummy(self) -> list[bool]:
-        return [False] * len(self.states)
-
-    @property
-    def is_croppable(self) -> bool:
-        return False
+    def crop(self, tokens_to_remove: int) -> None:
+        """Drops the ``-tokens_to_remove`` newest tokens (transformers' negative count) and forgets the states
+        recorded before them; ``crop(0)`` only forgets."""
+        if tokens_to_remove > 0:
+            raise ValueError(f"`crop` takes the negative number of tokens to remove, got {tokens_to_remove}")
+        remove = -tokens_to_remove
+        if remove:
+            target = self.length - remove
+            earlier = [s for s, n in self.history if n == target]
+            if not earlier:
+                kept = sorted(self.length - n for _, n in self.history)
+                raise ValueError(
+                    f"cannot drop the {remove} newest tokens: a recurrent state cannot be run backwards, and this "
+                    f"cache recorded the states {kept} tokens back (none without activate_past_recording()); call "
+                    f"activate_past_recording(recurrent_states_to_keep={remove}) or more before the forward")
+            self.state, self.length = earlier[-1], target
+            _resume_from(self.state)
+        self.history = []
 
     def _select(self, index: torch.Tensor) -> None:
-        """Keeps the batch rows ``index`` (int64 ``[B']``, repeats allowed) of every state."""
-        self.states = [_select_rows(s, index) for s in self.states]
+        """Keeps the batch rows ``index`` (int64 ``[B']``, repeats allowed) of the state and the recorded ones."""
+        self.state = _select_rows(self.state, index)
+        self.history = [(_select_rows(s, index), n) for s, n in self.history]
         self._num_rows = len(index)
 
     def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
-        self._select(beam_idx)
+        if self.state is not None:
+            self._select(beam_idx)
 
-    # Expansion and selection count the rows the model recorded; a cache no model has written to holds none.
+    # Expansion and selection count the rows the model recorded; a layer no model has written to holds none.
     def batch_repeat_interleave(self, repeats: int) -> None:
         if self._num_rows is not None:
             self._select(torch.arange(self._num_rows).repeat_interleave(repeats))
@@ -136,15 +183,30 @@ class RotariumCache(Cache):
         if self._num_rows is not None:
             self._select(torch.arange(self._num_rows, device=indices.device)[indices])  # indices or a bool mask
 
-    def crop(self, max_length: int) -> None:
-        raise ValueError(
-            "a rotarium cache holds recurrent states, which cannot be rolled back to an earlier length; decoding "
-            "strategies that crop the cache (assisted / speculative decoding) are not supported")
 
-    def reset(self) -> None:
-        self.states = [None] * len(self.states)
-        self.seen_tokens = 0
-        self.built_for = self._num_rows = None
+class RotariumCache(DynamicCache):
+    """transformers' ``DynamicCache`` of ``num_layers`` :class:`RotariumCacheLayer`, one per block."""
 
-    def update(self, *args, **kwargs):
-        raise ValueError("RotariumCache is updated by rotarium's mixers through set_layer_state, not update()")
+    def __init__(self, num_layers: int = 0):
+        Cache.__init__(self, layers=[RotariumCacheLayer() for _ in range(num_layers)])
+
+
+def rotarium_layers(cache: Any, num_layers: int, argument: str) -> list[RotariumCacheLayer]:
+    """The layers of ``cache``, a transformers ``Cache`` for a model of ``num_layers`` blocks: one
+    :class:`RotariumCacheLayer` per block. transformers' empty caches (``DynamicCache()``, and
+    ``DynamicCache(config=...)`` before any forward) get them here, in place; anything else raises ``ValueError``
+    naming ``argument``."""
+    advice = "pass the cache this model returned, an empty DynamicCache(), or None"
+    if not isinstance(cache, Cache):
+        # a ValueError like every other input error of the model, so that callers catch one type
+        raise ValueError(f"`{argument}` must be a transformers Cache, got {type(cache).__name__}; {advice}")  # noqa: TRY004
+    if all(type(layer) is DynamicLayer and not layer.is_initialized for layer in cache.layers):
+        cache.layers[:] = [RotariumCacheLayer() for _ in range(num_layers)]
+    others = sorted({type(layer).__name__ for layer in cache.layers if not isinstance(layer, RotariumCacheLayer)})
+    if others:
+        raise ValueError(f"`{argument}` holds {', '.join(others)} layers, which cannot hold the recurrent states of "
+                         f"rotarium's mixers; {advice}")
+    if len(cache.layers) != num_layers:
+        raise ValueError(f"`{argument}` has {len(cache.layers)} layers, but this model has {num_layers} blocks; "
+                         f"{advice}")
+    return cache.layers

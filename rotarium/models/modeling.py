@@ -12,11 +12,13 @@ from typing import TYPE_CHECKING, ClassVar, NamedTuple
 import torch
 import torch.nn.functional as F
 from torch import nn
-from transformers import GenerationMixin, PreTrainedModel
+from transformers import GenerationConfig, GenerationMixin, PreTrainedModel
+from transformers.cache_utils import Cache
 from transformers.modeling_outputs import BaseModelOutputWithPast, CausalLMOutputWithPast
+from transformers.utils import logging
 
 from rotarium.layers import Block, HeadRMSNorm, RMSNorm, SequenceInfo, ShortConvolution, build_mixer
-from rotarium.models.cache import RotariumCache
+from rotarium.models.cache import RotariumCache, RotariumCacheLayer, rotarium_layers
 from rotarium.models.configuration import (
     DeltaNetConfig,
     FoXConfig,
@@ -35,6 +37,7 @@ except ImportError:  # pragma: no cover
 if TYPE_CHECKING:
     import os
 
+logger = logging.get_logger(__name__)
 # transformers renamed the cache field of model outputs from `past_key_values` to `cache` during v5
 CACHE_FIELD = "cache" if "cache" in {f.name for f in dataclasses.fields(CausalLMOutputWithPast)} else "past_key_values"
 # Output projections that write into the residual stream, scaled down with depth (GPT-2, fla's prenorm rescaling).
@@ -51,10 +54,6 @@ class RotariumPreTrainedModel(PreTrainedModel):
     supports_gradient_checkpointing = True
     _no_split_modules: ClassVar[list[str]] = ["Block"]
     _supports_cache_class = True
-
-    @classmethod
-    def _supports_default_dynamic_cache(cls) -> bool:
-        return False  # the model builds its own RotariumCache
 
     def _init_weights(self, module: nn.Module) -> None:
         std = self.config.initializer_range
@@ -108,7 +107,6 @@ class RotariumModel(RotariumPreTrainedModel):
             for _ in range(config.num_hidden_layers)
         ])
         self.norm = RMSNorm(config.hidden_size, eps=config.norm_eps)
-        self.gradient_checkpointing = False
         self.cache_settings = cache_settings(config)
         self.post_init()
 
@@ -123,61 +121,106 @@ class RotariumModel(RotariumPreTrainedModel):
         input_ids: torch.LongTensor | None = None,
         attention_mask: torch.Tensor | None = None,
         position_ids: torch.LongTensor | None = None,
-        past_key_values: RotariumCache | None = None,
+        past_key_values: Cache | None = None,
         inputs_embeds: torch.Tensor | None = None,
         use_cache: bool | None = None,
         output_hidden_states: bool | None = None,
+        output_attentions: bool | None = None,
         return_dict: bool | None = None,
         cu_seqlens: torch.LongTensor | None = None,
-        cache: RotariumCache | None = None,
+        cache: Cache | None = None,
+        cu_seq_lens_q: torch.Tensor | None = None,
+        cu_seq_lens_k: torch.Tensor | None = None,
         **kwargs,
     ) -> BaseModelOutputWithPast | tuple:
-        """``cu_seqlens`` (int64 ``[N+1]``): boundaries of documents packed into a batch of size 1; no state or
-        attention crosses them. ``cache`` is transformers' newer name for ``past_key_values``."""
+        """``cu_seqlens`` (int ``[N+1]``): boundaries of documents packed into a batch of size 1; no state or
+        attention crosses them. FlashAttention's ``cu_seq_lens_q`` / ``cu_seq_lens_k`` (transformers'
+        ``DataCollatorWithFlattening(return_flash_attn_kwargs=True)``) say the same, and so do ``position_ids``
+        that restart in one unpadded row (the same collator's default); its ``max_length_q`` / ``max_length_k`` are
+        not needed. ``cache`` is transformers' newer name for ``past_key_values``: a cache this model returned, or
+        one of transformers' empty ``DynamicCache`` (see :func:`rotarium.models.cache.rotarium_layers`).
+
+        ``output_attentions`` returns the attention probabilities of the softmax mixers (FoX, the Transformer),
+        ``[B, H, T, past + T]`` per block; the linear families have none and raise ``ValueError``.
+        """
         if (input_ids is None) == (inputs_embeds is None):
             raise ValueError("pass exactly one of `input_ids` and `inputs_embeds`")
         self._check_tokens(input_ids, inputs_embeds)
         past = past_key_values if past_key_values is not None else cache
+        argument = "past_key_values" if past_key_values is not None else "cache"
         output_hidden_states = (output_hidden_states if output_hidden_states is not None
                                 else self.config.output_hidden_states)
+        output_attentions = output_attentions if output_attentions is not None else self.config.output_attentions
         return_dict = return_dict if return_dict is not None else self.config.return_dict
-        if use_cache is None:
-            use_cache = self.config.use_cache and not self.training and cu_seqlens is None
-        if past is not None and not isinstance(past, RotariumCache):
-            raise ValueError(
-                f"`past_key_values` must be a RotariumCache (or None), got {type(past).__name__}; rotarium's mixers "
-                "keep recurrent states that transformers' key/value caches cannot hold")
         hidden_states = self.embed_tokens(input_ids) if inputs_embeds is None else inputs_embeds
-        if past is not None:
-            past.check_fits(self.cache_settings, hidden_states.shape[0],
-                            "past_key_values" if past_key_values is not None else "cache")
-        if use_cache:
-            if past is None:
-                past = RotariumCache(len(self.layers))
-            past.record(self.cache_settings, hidden_states.shape[0])
-        seq = SequenceInfo.build(hidden_states, attention_mask, position_ids, cu_seqlens)
-        all_hidden = []
-        for idx, layer in enumerate(self.layers):
-            if output_hidden_states:
-                all_hidden.append(hidden_states)
-            state = past.layer_state(idx) if past is not None else None
-            if self.gradient_checkpointing and self.training:
-                hidden_states, new_state = self._gradient_checkpointing_func(
-                    layer.__call__, hidden_states, seq, state, use_cache)
-            else:
-                hidden_states, new_state = layer(hidden_states, seq, state, use_cache)
-            if use_cache:
-                past.set_layer_state(idx, new_state)
-        if use_cache:
-            past.seen_tokens += hidden_states.shape[1]
+        B, T = hidden_states.shape[:2]
+        seq = SequenceInfo.build(hidden_states, attention_mask, position_ids,
+                                 document_boundaries(cu_seqlens, cu_seq_lens_q, cu_seq_lens_k))
+        if use_cache is None:
+            use_cache = self.config.use_cache and not self.training and seq.cu_seqlens is None
+        if seq.cu_seqlens is not None and (use_cache or past is not None):
+            raise ValueError("packed documents (`cu_seqlens`, `cu_seq_lens_q` / `cu_seq_lens_k`, or `position_ids` "
+                             "restarting in one row) cannot use or fill a cache: pass use_cache=False and no cache")
+        if use_cache and self.training and torch.is_grad_enabled() and any(
+                block.gradient_checkpointing for block in self.layers):
+            logger.warning_once("`use_cache=True` is incompatible with activation checkpointing (a checkpointed "
+                                "block runs twice and would write its state twice): no cache is filled")
+            use_cache = False
+        layers = rotarium_layers(past, len(self.layers), argument) if past is not None else None
+        if layers is not None:
+            layers[0].check_fits(self.cache_settings, B, argument)
+        if use_cache and past is None:
+            past = RotariumCache(len(self.layers))
+            layers = past.layers
+        spans = self._pieces(T, layers if use_cache else None)
+        pieces = [self._run_blocks(hidden_states[:, start:end], seq if len(spans) == 1 else seq.slice(start, end),
+                                   layers, use_cache, output_hidden_states, output_attentions)
+                  for start, end in spans]
+        # one span returns the very tensors of the graph, so that gradients reach them (transformers' retain_grad)
+        hidden_states, hidden, attentions = pieces[0] if len(pieces) == 1 else self._joined(pieces)
+        hidden = tuple(hidden) if output_hidden_states else None
+        attentions = tuple(attentions) if output_attentions else None
         hidden_states = self.norm(hidden_states)
         if output_hidden_states:
-            all_hidden.append(hidden_states)
-        hidden = tuple(all_hidden) if output_hidden_states else None
+            hidden = (*hidden, hidden_states)
         if not return_dict:
-            return tuple(v for v in (hidden_states, past if use_cache else None, hidden) if v is not None)
-        return BaseModelOutputWithPast(last_hidden_state=hidden_states, hidden_states=hidden,
+            return tuple(v for v in (hidden_states, past if use_cache else None, hidden, attentions) if v is not None)
+        return BaseModelOutputWithPast(last_hidden_state=hidden_states, hidden_states=hidden, attentions=attentions,
                                        **{CACHE_FIELD: past if use_cache else None})
+
+    @staticmethod
+    def _pieces(T: int, layers: list[RotariumCacheLayer] | None) -> list[tuple[int, int]]:
+        """``[start, end)`` spans to feed the blocks: the whole input, but while the cache records its past
+        (assisted decoding) the last tokens one at a time, so that each layer keeps the state before each of them
+        to roll back to (``RotariumCacheLayer.crop``)."""
+        keep = min(T, layers[0].recurrent_states_to_keep) if layers and layers[0].record_past else 0
+        if keep == 0:
+            return [(0, T)]
+        return ([(0, T - keep)] if keep < T else []) + [(t, t + 1) for t in range(T - keep, T)]
+
+    @staticmethod
+    def _joined(pieces: list[BlocksOutput]) -> BlocksOutput:
+        """The spans' outputs as one: along time, and for the attention weights of the earlier spans, whose queries
+        saw fewer keys, with zero weight on the later keys (which causality hides from them anyway)."""
+        keys = pieces[-1].attentions[0].shape[-1] if pieces[-1].attentions else 0
+        return BlocksOutput(
+            torch.cat([piece.hidden_states for piece in pieces], 1),
+            [torch.cat(per_block, 1) for per_block in zip(*(piece.hidden for piece in pieces))],
+            [torch.cat([F.pad(w, (0, keys - w.shape[-1])) for w in per_block], 2)
+             for per_block in zip(*(piece.attentions for piece in pieces))])
+
+    def _run_blocks(self, hidden_states: torch.Tensor, seq: SequenceInfo, layers: list[RotariumCacheLayer] | None,
+                    use_cache: bool, output_hidden_states: bool, output_attentions: bool) -> BlocksOutput:
+        all_hidden, all_attentions = [], []
+        for block, layer in zip(self.layers, layers or [None] * len(self.layers)):
+            if output_hidden_states:
+                all_hidden.append(hidden_states)
+            hidden_states, state, *weights = block(hidden_states, seq, state=None if layer is None else layer.state,
+                                                   use_cache=use_cache, output_attentions=output_attentions)
+            if use_cache:
+                layer.set_state(state, seq.seq_len, self.cache_settings, seq.batch_size)
+            all_attentions.extend(weights)
+        return BlocksOutput(hidden_states, all_hidden, all_attentions)
 
     def _check_tokens(self, input_ids: torch.Tensor | None, inputs_embeds: torch.Tensor | None) -> None:
         """Shapes always; the ids' range where reading them costs no synchronisation (see ``checks_values``)."""
@@ -196,13 +239,45 @@ class RotariumModel(RotariumPreTrainedModel):
                              f"(ids 0 to {vocab - 1})")
 
 
-def set_activation_checkpointing(model: PreTrainedModel, enabled: bool = True) -> None:
-    """Whether every block is recomputed in the backward instead of keeping its activations, through whichever of
-    transformers' two names the installed version has (``gradient_checkpointing_*`` is deprecated where
-    ``activation_checkpointing_*`` exists)."""
+class BlocksOutput(NamedTuple):
+    """The blocks' output for one span of the input: the last hidden states, and each block's input and attention
+    weights where asked."""
+
+    hidden_states: torch.Tensor
+    hidden: list[torch.Tensor]
+    attentions: list[torch.Tensor]
+
+
+def document_boundaries(cu_seqlens: torch.Tensor | None, cu_seq_lens_q: torch.Tensor | None,
+                        cu_seq_lens_k: torch.Tensor | None) -> torch.Tensor | None:
+    """int64 ``[N+1]`` packed-document boundaries from rotarium's ``cu_seqlens`` or FlashAttention's
+    ``cu_seq_lens_q`` / ``cu_seq_lens_k``, which causal self-attention needs equal; None when none is given."""
+    given = {name: t for name, t in (("cu_seqlens", cu_seqlens), ("cu_seq_lens_q", cu_seq_lens_q),
+                                     ("cu_seq_lens_k", cu_seq_lens_k)) if t is not None}
+    if "cu_seqlens" in given and len(given) > 1:
+        raise ValueError("pass the packed boundaries once: `cu_seqlens`, or FlashAttention's `cu_seq_lens_q` / "
+                         "`cu_seq_lens_k`, not both")
+    if cu_seq_lens_q is not None and cu_seq_lens_k is not None and cu_seq_lens_q is not cu_seq_lens_k and (
+            checks_values(cu_seq_lens_q) and checks_values(cu_seq_lens_k)) and not torch.equal(
+                cu_seq_lens_q.cpu(), cu_seq_lens_k.cpu()):
+        raise ValueError("`cu_seq_lens_q` and `cu_seq_lens_k` differ: a causal LM attends within each document, so "
+                         "its queries and keys have the same boundaries")
+    boundaries = next(iter(given.values()), None)
+    return None if boundaries is None else boundaries.long()
+
+
+def set_activation_checkpointing(model: PreTrainedModel, enabled: bool = True, **options) -> None:
+    """Whether blocks are recomputed in the backward instead of keeping their activations: transformers'
+    ``activation_checkpointing_enable(**options)`` (``every_n_layers``, ``offload``,
+    ``activation_checkpointing_kwargs``) / ``_disable()``, or the older ``gradient_checkpointing_*`` where the
+    installed transformers has only those."""
     action = "enable" if enabled else "disable"
     switch = getattr(model, f"activation_checkpointing_{action}", None)
-    (switch or getattr(model, f"gradient_checkpointing_{action}"))()
+    if switch is None:
+        switch = getattr(model, f"gradient_checkpointing_{action}")
+        if "activation_checkpointing_kwargs" in options:
+            options["gradient_checkpointing_kwargs"] = options.pop("activation_checkpointing_kwargs")
+    switch(**options)
 
 
 def cache_settings(config: RotariumConfig) -> dict:
@@ -234,73 +309,97 @@ class RotariumForCausalLM(RotariumPreTrainedModel, GenerationMixin):
     def set_output_embeddings(self, value: nn.Linear) -> None:
         self.lm_head = value
 
+    def _prepare_cache_for_generation(self, generation_config: GenerationConfig, model_kwargs: dict, *args,
+                                      **kwargs) -> None:
+        """``generate`` builds transformers' ``DynamicCache`` of key/value layers; a rotarium model decodes with a
+        :class:`RotariumCache` instead, recording its past for rollbacks where an assistant model drafts with it,
+        as transformers does for its own caches."""
+        super()._prepare_cache_for_generation(generation_config, model_kwargs, *args, **kwargs)
+        built = model_kwargs.get("cache")
+        if built is None or getattr(built, "_is_user_defined", False):
+            return
+        if generation_config.cache_implementation not in (None, "dynamic"):
+            logger.warning_once(f"`cache_implementation={generation_config.cache_implementation!r}` is ignored: "
+                                "rotarium models decode with their recurrent states in a RotariumCache")
+        model_kwargs["cache"] = RotariumCache(self.config.num_hidden_layers)
+        if generation_config.is_assistant:
+            model_kwargs["cache"].activate_past_recording(
+                recurrent_states_to_keep=generation_config.num_assistant_tokens)
+
     def forward(
         self,
         input_ids: torch.LongTensor | None = None,
         attention_mask: torch.Tensor | None = None,
         position_ids: torch.LongTensor | None = None,
-        past_key_values: RotariumCache | None = None,
+        past_key_values: Cache | None = None,
         inputs_embeds: torch.Tensor | None = None,
         labels: torch.LongTensor | None = None,
         use_cache: bool | None = None,
         output_hidden_states: bool | None = None,
+        output_attentions: bool | None = None,
         return_dict: bool | None = None,
         logits_to_keep: int | torch.Tensor = 0,
         cu_seqlens: torch.LongTensor | None = None,
-        cache: RotariumCache | None = None,
+        cache: Cache | None = None,
         return_logits: bool = False,
+        shift_labels: torch.LongTensor | None = None,
+        cu_seq_lens_q: torch.Tensor | None = None,
+        cu_seq_lens_k: torch.Tensor | None = None,
         **kwargs,
     ) -> CausalLMOutputWithPast | tuple:
-        """``labels`` are the input ids themselves (shifted inside); -100 is ignored, and so is every prediction
-        across a packed document boundary.
+        """``labels`` are the input ids themselves (shifted inside), or ``shift_labels`` the targets already shifted
+        (``shift_labels[t]`` is what position t predicts; sequence- and context-parallel trainers pass them), as in
+        transformers' ``ForCausalLMLoss``. -100 is ignored, and so is every prediction across a packed document
+        boundary (``cu_seqlens``, ``cu_seq_lens_q`` / ``cu_seq_lens_k``, or restarting ``position_ids``: see
+        :meth:`RotariumModel.forward`).
 
-        With ``labels``, the loss goes through the output projection a chunk of tokens at a time
+        With labels, the loss goes through the output projection a chunk of tokens at a time
         (:func:`rotarium.ops.fused_linear_cross_entropy_loss`), so the ``[tokens, vocab]`` logits and their gradient
         never exist, and ``logits`` is None; ``return_logits=True`` computes the full logits as well, and the loss
-        from them. Without ``labels`` the logits are returned (the last ``logits_to_keep`` positions, or all).
+        from them. Without labels the logits are returned (the last ``logits_to_keep`` positions, or all).
         """
         return_dict = return_dict if return_dict is not None else self.config.return_dict
+        boundaries = document_boundaries(cu_seqlens, cu_seq_lens_q, cu_seq_lens_k)
         outputs = self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
                              past_key_values=past_key_values, cache=cache, inputs_embeds=inputs_embeds,
-                             use_cache=use_cache, output_hidden_states=output_hidden_states, return_dict=True,
-                             cu_seqlens=cu_seqlens)
+                             use_cache=use_cache, output_hidden_states=output_hidden_states,
+                             output_attentions=output_attentions, return_dict=True, cu_seqlens=boundaries)
         hidden_states = outputs.last_hidden_state
+        scored = labels is not None or shift_labels is not None
         logits = loss = None
-        if labels is None or return_logits:
+        if not scored or return_logits:
             if isinstance(logits_to_keep, int):
                 kept = hidden_states[:, -logits_to_keep:] if logits_to_keep > 0 else hidden_states
             else:
                 kept = hidden_states[:, logits_to_keep]
             logits = self.lm_head(kept)
-        if labels is not None:
-            if labels.shape != hidden_states.shape[:2]:
-                raise ValueError(f"`labels` must have the inputs' shape [batch, seq_len] = "
-                                 f"{list(hidden_states.shape[:2])}, got {list(labels.shape)}")
+        if scored:
             if not isinstance(logits_to_keep, int) or logits_to_keep > 0:
                 raise ValueError("`labels` need the logits of every position: leave `logits_to_keep` at 0")
-            if cu_seqlens is not None:
-                labels = labels.clone()
-                labels[:, cu_seqlens[1:-1]] = -100  # a document's first token is not predicted from the last one
+            targets = causal_targets(labels, shift_labels, hidden_states.shape[:2], boundaries, position_ids)
             num_items = kwargs.get("num_items_in_batch")
             if logits is not None:
-                loss = self.loss_function(logits=logits, labels=labels, vocab_size=self.config.vocab_size,
-                                          num_items_in_batch=num_items)
+                loss = self.loss_function(logits=logits, labels=targets, shift_labels=targets,
+                                          vocab_size=self.config.vocab_size, num_items_in_batch=num_items)
             else:
-                loss = self.chunked_loss(hidden_states, labels, num_items)
+                loss = self.chunked_loss(hidden_states, None, num_items, shift_labels=targets)
         past = getattr(outputs, CACHE_FIELD)
         if not return_dict:
-            return tuple(v for v in (loss, logits, past, outputs.hidden_states) if v is not None)
+            return tuple(v for v in (loss, logits, past, outputs.hidden_states, outputs.attentions) if v is not None)
         return CausalLMOutputWithPast(loss=loss, logits=logits, hidden_states=outputs.hidden_states,
-                                      **{CACHE_FIELD: past})
+                                      attentions=outputs.attentions, **{CACHE_FIELD: past})
 
-    def chunked_loss(self, hidden_states: torch.Tensor, labels: torch.Tensor,
-                     num_items_in_batch: torch.Tensor | int | None = None) -> torch.Tensor:
-        """transformers' causal-LM loss (position t predicts label t + 1; the mean over scored tokens, or the sum
-        over ``num_items_in_batch``) from the final hidden states ``[B, T, d]``, without the full logits."""
-        targets = F.pad(labels[:, 1:], (0, 1), value=IGNORE_INDEX)
+    def chunked_loss(self, hidden_states: torch.Tensor, labels: torch.Tensor | None,
+                     num_items_in_batch: torch.Tensor | int | None = None,
+                     shift_labels: torch.Tensor | None = None) -> torch.Tensor:
+        """transformers' causal-LM loss (``ForCausalLMLoss``: position t predicts label t + 1, or ``shift_labels[t]``
+        when given; the mean over scored tokens, or the sum over ``num_items_in_batch``) from the final hidden
+        states ``[B, T, d]``, without the full logits."""
+        targets = F.pad(labels[:, 1:], (0, 1), value=IGNORE_INDEX) if shift_labels is None else shift_labels
         loss = fused_linear_cross_entropy_loss(
-            hidden_states.reshape(-1, hidden_states.shape[-1]), targets.reshape(-1), self.lm_head.weight,
-            self.lm_head.bias, ignore_index=IGNORE_INDEX, num_chunks=-(-targets.numel() // LOSS_CHUNK_TOKENS),
+            hidden_states.reshape(-1, hidden_states.shape[-1]), targets.reshape(-1).to(hidden_states.device),
+            self.lm_head.weight, self.lm_head.bias, ignore_index=IGNORE_INDEX,
+            num_chunks=-(-targets.numel() // LOSS_CHUNK_TOKENS),
             reduction="mean" if num_items_in_batch is None else "sum")
         if num_items_in_batch is None:
             return loss
@@ -309,11 +408,35 @@ class RotariumForCausalLM(RotariumPreTrainedModel, GenerationMixin):
         return loss / num_items_in_batch
 
 
+def causal_targets(labels: torch.Tensor | None, shift_labels: torch.Tensor | None, shape: torch.Size,
+                   boundaries: torch.Tensor | None, position_ids: torch.Tensor | None) -> torch.Tensor:
+    """``[B, T]`` int64: what each position predicts, ``labels[t + 1]`` or ``shift_labels[t]`` (given, it wins, as
+    in ``ForCausalLMLoss``), with -100 where the next token starts another packed document: at ``boundaries``, or,
+    in one row, where ``position_ids`` take their smallest value (the rule :meth:`SequenceInfo.build` packs by)."""
+    name, given = ("shift_labels", shift_labels) if shift_labels is not None else ("labels", labels)
+    if given.shape != shape:
+        raise ValueError(f"`{name}` must have the inputs' shape [batch, seq_len] = {list(shape)}, got "
+                         f"{list(given.shape)}")
+    targets = F.pad(labels[:, 1:], (0, 1), value=IGNORE_INDEX) if shift_labels is None else shift_labels.long()
+    B, T = shape
+    starts = None
+    if boundaries is not None:
+        starts = torch.zeros(T + 1, dtype=torch.bool, device=boundaries.device).index_fill_(0, boundaries, True)[:T]
+    elif position_ids is not None and B == 1 and position_ids.shape == (1, T):
+        starts = position_ids[0] == position_ids[0].min()
+    if starts is None:
+        return targets
+    crosses = F.pad(starts[1:], (0, 1), value=False).to(targets.device)
+    return targets.masked_fill(crosses[None], IGNORE_INDEX)
+
+
+# Each causal-LM class names GenerationMixin among its own bases: transformers' convention, which its generation
+# tests check (``GLAForCausalLM.__bases__``), although the shared head already brings it.
 class GLAModel(RotariumModel):
     config_class = GLAConfig
 
 
-class GLAForCausalLM(RotariumForCausalLM):
+class GLAForCausalLM(RotariumForCausalLM, GenerationMixin):
     config_class = GLAConfig
 
 
@@ -321,7 +444,7 @@ class FoXModel(RotariumModel):
     config_class = FoXConfig
 
 
-class FoXForCausalLM(RotariumForCausalLM):
+class FoXForCausalLM(RotariumForCausalLM, GenerationMixin):
     config_class = FoXConfig
 
 
@@ -329,7 +452,7 @@ class DeltaNetModel(RotariumModel):
     config_class = DeltaNetConfig
 
 
-class DeltaNetForCausalLM(RotariumForCausalLM):
+class DeltaNetForCausalLM(RotariumForCausalLM, GenerationMixin):
     config_class = DeltaNetConfig
 
 
@@ -337,7 +460,7 @@ class TransformerModel(RotariumModel):
     config_class = TransformerConfig
 
 
-class TransformerForCausalLM(RotariumForCausalLM):
+class TransformerForCausalLM(RotariumForCausalLM, GenerationMixin):
     config_class = TransformerConfig
 
 

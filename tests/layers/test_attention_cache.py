@@ -57,9 +57,9 @@ def decode(mixer, x, mask, prefix, reorder_at=None, index=None, fresh=None):
     for t in range(prefix, x.shape[1]):
         if t == reorder_at:
             cache = RotariumCache(1)
-            cache.set_layer_state(0, state)
+            cache.layers[0].state = state
             cache.reorder_cache(index)
-            state, x = cache.layer_state(0), torch.cat([x[index, :t], fresh[:, t:]], 1)
+            state, x = cache.layers[0].state, torch.cat([x[index, :t], fresh[:, t:]], 1)
             outs = [o[index] for o in outs]
         out, state = run(mixer, x[:, t:t + 1], state, use_cache=True, attention_mask=mask[:, :t + 1])
         outs.append(out)
@@ -119,11 +119,11 @@ def test_reordering_keeps_the_spare_room():
         _, state = run(mixer, x[:, :4], use_cache=True)
         _, state = run(mixer, x[:, 4:5], state, use_cache=True)  # capacity 8
         cache = RotariumCache(1)
-        cache.set_layer_state(0, state)
+        cache.layers[0].state = state
         cache.reorder_cache(torch.tensor([1, 1]))
-        reordered = cache.layer_state(0)["kv"]
+        reordered = cache.layers[0].state["kv"]
         assert reordered.capacity == 8 and reordered.keys.shape[:2] == (2, 5)
-        _, state = run(mixer, x[:, 5:6], cache.layer_state(0), use_cache=True)
+        _, state = run(mixer, x[:, 5:6], cache.layers[0].state, use_cache=True)
     assert state["kv"].keys.data_ptr() == reordered.keys.data_ptr()
 
 
