@@ -6,8 +6,22 @@
    add_special_tokens=False)``, tokenizers' thread pool off). Targets: at least 0.8x with one process, at least 1.5x
    with two.
 
+2. resume: from process start to the first batch of a run resumed at step 10 and at step 1,000,000 of a prepared
+   folder (``--resume-tokens``, random ids; sequences of 2048, 8 a step, the trainer's ``prepare_data`` with its
+   DataLoader workers), each in a fresh process. Target: the ratio at most 1.5 (the data set-up alone, after the
+   imports, is printed too).
+3. reading: batches of 8 x 2048 tokens with ``cu_seqlens`` from a prepared folder, read on one core through the
+   schedule (memory maps, windows, document starts, ``collate``). Target: at least 5M tokens/s.
+4. memory: the peak resident memory of a 20-step tiny-model ``rotarium train`` on a prepared folder of
+   ``--memory-tokens`` (2B by default, 4 GB of uint16 on disk; random ids written straight to shards) against the
+   same run on a folder of 10M tokens. Target: at most 100 MB more.
+
+The folders of rows 2-4 hold random ids in documents of random lengths, written as ``rotarium prepare`` writes
+shards; only their layout matters to these rows.
+
 Each row is a function of ``ROWS`` returning whether it met its targets; the script exits 1 when one did not.
-Usage: ``python benchmarks/data.py [--rows prepare] [--repeats 3] [--copies 20]``.
+Usage: ``python benchmarks/data.py [--rows prepare resume reading memory] [--repeats 3] [--copies 20]
+[--memory-tokens 2000000000]``.
 """
 from __future__ import annotations
 
@@ -15,19 +29,31 @@ import argparse
 import json
 import os
 import shutil
+import subprocess
 import sys
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
+import numpy as np
 from common import best, paired_ratio, time_rounds, verdict  # beside this script, first on sys.path
 
+from rotarium.data import prepared as prepared_module
+from rotarium.data.batches import BatchSchedule, save_array
 from rotarium.data.documents import embedded_documents
-from rotarium.data.prepared import prepare
+from rotarium.data.loader import PreparedSequences
+from rotarium.data.prepared import PreparedCorpus, prepare, shard_files, tokenizer_fingerprint
 from rotarium.data.tokenizer import load_tokenizer, train_bpe
+from rotarium.utils.files import write_json_atomic
 
 PREPARE_TARGETS = {1: 0.8, 2: 1.5}
 PEER_BATCH = 1024  # documents per batch-encode call of the peer
+SEQ_LEN, BATCH = 2048, 8  # the reading and resume rows' batches, as the issue states them
+RESUME_STEPS, RESUME_TARGET = (10, 1_000_000), 1.5
+READING_TARGET = 5e6  # tokens/s
+MEMORY_SMALL, MEMORY_TARGET = 10_000_000, 100 * 2 ** 20  # bytes more at most
+SHARD_TOKENS = 100_000_000  # rotarium prepare's default
+MEAN_DOCUMENT = 800  # tokens of a random document, on average
 
 
 def prepare_row(args: argparse.Namespace, work: Path) -> bool:
@@ -66,7 +92,173 @@ def prepare_row(args: argparse.Namespace, work: Path) -> bool:
     return ok
 
 
-ROWS: dict[str, Callable[[argparse.Namespace, Path], bool]] = {"prepare": prepare_row}
+def random_folder(root: Path, tokens: int, validation_tokens: int = 1_000_000) -> Path:
+    """A prepared folder of ``tokens`` random training ids (and ``validation_tokens`` of validation) in documents of
+    random lengths, with a BPE of 4096 trained on the embedded corpus; made once per ``root`` and size."""
+    out = root / f"random-{tokens}"
+    if (out / prepared_module.METADATA).is_file():
+        return out
+    tokenizer_dir = root / "tokenizer-4096"
+    if not tokenizer_dir.is_dir():
+        train_bpe(embedded_documents(), 4096).save_pretrained(tokenizer_dir)
+    tokenizer = load_tokenizer(str(tokenizer_dir))
+    tokenizer.save_pretrained(out / prepared_module.TOKENIZER)
+    rng = np.random.default_rng(tokens)
+    splits = {}
+    for split, total in (("train", tokens), ("validation", validation_tokens)):
+        shards, left = [], total
+        while left:
+            size = min(left, SHARD_TOKENS)
+            ids = rng.integers(0, len(tokenizer), size=size, dtype=np.uint16)
+            lengths = rng.integers(1, 2 * MEAN_DOCUMENT, size=size // MEAN_DOCUMENT * 11 // 10 + 2)  # enough
+            starts = np.unique(np.concatenate([[0], np.cumsum(lengths)]))
+            offsets = np.concatenate([starts[starts < size], [size]]).astype(np.int64)
+            ids[offsets[1:] - 1] = tokenizer.eos_token_id
+            files = {}
+            for name, array in zip(shard_files(split, len(shards)), (ids, offsets)):
+                save_array(out / name, array)
+                files[name] = prepared_module._file_record(out / name)
+            shards.append({"tokens": size, "documents": len(offsets) - 1, "files": files})
+            left -= size
+        splits[split] = {"tokens": total, "documents": sum(s["documents"] for s in shards), "shards": shards}
+    record = {"format": prepared_module.FORMAT, "format_version": prepared_module.FORMAT_VERSION, "complete": True,
+              "settings": {"source": "random ids (benchmarks/data.py)", "tokens": tokens},
+              "documents": splits["train"]["documents"] + splits["validation"]["documents"],
+              "held_out": {"rule": "first", "seed": 0, "documents": splits["validation"]["documents"]},
+              "dtype": "uint16",
+              "tokenizer": {"folder": prepared_module.TOKENIZER, "sha256": tokenizer_fingerprint(tokenizer),
+                            "vocab_size": len(tokenizer), "bos_id": None, "eos_id": tokenizer.eos_token_id},
+              "splits": splits}
+    record["fingerprint"] = prepared_module._corpus_fingerprint(record)
+    write_json_atomic(out / prepared_module.METADATA, record)
+    return out
+
+
+# The trainer's data path, from a fresh process: its config, the folder's tokenizer and prepare_data at a step.
+RESUME_CHILD = """
+import sys, time
+from pathlib import Path
+from rotarium.training.build import open_prepared, prepare_data
+from rotarium.training.config import load_config
+folder, step, cache, seq_len, batch_size = sys.argv[1], int(sys.argv[2]), Path(sys.argv[3]), *sys.argv[4:]
+imported = time.perf_counter()
+config = load_config(None, {"data.source": folder, "data.seq_len": seq_len, "train.batch_size": batch_size})
+corpus = open_prepared(config)
+data = prepare_data(config, corpus.load_tokenizer(), 1, 0, step, None, prepared=corpus, order_cache=cache)
+batch = data.train.batch(step, 0)
+assert batch["input_ids"].shape == (1, int(seq_len) * int(batch_size))
+print(f"data {time.perf_counter() - imported:.6f}", flush=True)
+data.close()
+"""
+
+
+def resume_row(args: argparse.Namespace, work: Path) -> bool:
+    """Process start to the first batch at step 10 and at step 1,000,000."""
+    folder = random_folder(work.parent, args.resume_tokens)
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1"}
+    data_seconds: dict[int, list[float]] = {step: [] for step in RESUME_STEPS}
+
+    def resumed(step: int) -> Callable[[], None]:
+        def run() -> None:
+            argv = [str(folder), str(step), str(work / "order"), str(SEQ_LEN), str(BATCH)]
+            out = subprocess.run([sys.executable, "-c", RESUME_CHILD, *argv], env=env, capture_output=True,
+                                 text=True, check=True)
+            data_seconds[step].append(float(out.stdout.split("data ")[-1]))
+
+        return run
+
+    samples = time_rounds({step: resumed(step) for step in RESUME_STEPS}, args.repeats)
+    times = best(samples)
+    sequences = args.resume_tokens // SEQ_LEN
+    print(f"## resume: a prepared folder of {args.resume_tokens:,} tokens ({sequences:,} sequences of {SEQ_LEN}), "
+          f"{BATCH} a step, {args.repeats} rounds")
+    first, last = RESUME_STEPS
+    for step in RESUME_STEPS:
+        print(f"step {step:,} (epoch {step * BATCH // sequences}): {times[step]:.2f} s from process start to the first "
+              f"batch, {min(data_seconds[step][1:]) * 1e3:.0f} ms of it after the imports")
+    ratio = paired_ratio(samples[last], samples[first])
+    data_ratio = paired_ratio(data_seconds[last][1:], data_seconds[first][1:])
+    ok = ratio <= RESUME_TARGET
+    print(f"step {last:,} / step {first}: {ratio:.2f}x (target <= {RESUME_TARGET}) {verdict(ok)}; the data set-up "
+          f"alone {data_ratio:.2f}x")
+    return ok
+
+
+def reading_row(args: argparse.Namespace, work: Path) -> bool:
+    """Batches of 8 x 2048 with cu_seqlens, read on one core."""
+    import torch
+
+    torch.set_num_threads(1)
+    corpus = PreparedCorpus(random_folder(work.parent, args.resume_tokens))
+    schedule = BatchSchedule(PreparedSequences(corpus.train, SEQ_LEN), BATCH, 1, 1, 0, seed=0)
+    steps = iter(range(10 ** 9))
+
+    def read() -> None:
+        for _ in range(args.reading_batches):
+            schedule.batch(next(steps), 0)
+
+    samples = time_rounds({"read": read}, args.repeats)
+    tokens = args.reading_batches * BATCH * SEQ_LEN
+    rate = tokens / best(samples)["read"]
+    batch = schedule.batch(0, 0)
+    ok = rate >= READING_TARGET
+    print(f"## reading: {args.reading_batches} batches of {BATCH} x {SEQ_LEN} tokens a round (about "
+          f"{(batch['cu_seqlens'].numel() - 1) / BATCH:.1f} documents a sequence), one core, {args.repeats} rounds")
+    print(f"{rate / 1e6:.1f}M tokens/s, {rate / READING_TARGET:.2f}x the target of {READING_TARGET / 1e6:.0f}M "
+          f"{verdict(ok)}")
+    return ok
+
+
+def _peak_rss(argv: list[str], env: dict[str, str]) -> int:
+    """The largest resident set, in bytes, of any process of ``argv``'s process tree (its DataLoader workers
+    included), from the kernel's accounting of the child."""
+    proc = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    _, status, usage = os.wait4(proc.pid, 0)
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    err = proc.stderr.read().decode(errors="replace")
+    proc.stderr.close()
+    if proc.returncode:
+        raise RuntimeError(f"{' '.join(argv[:4])} failed:\n{err[-3000:]}")
+    return usage.ru_maxrss * 1024  # kilobytes on Linux
+
+
+def memory_row(args: argparse.Namespace, work: Path) -> bool:
+    """Peak memory of a 20-step run on a large folder against a 10M-token one."""
+    sizes = (MEMORY_SMALL, args.memory_tokens)
+    folders = {size: random_folder(work.parent, size) for size in sizes}
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1"}
+    tiny = {"model.hidden_size": 32, "model.num_hidden_layers": 2, "model.num_heads": 2, "model.intermediate_size": 64,
+            "data.seq_len": SEQ_LEN, "train.batch_size": BATCH, "train.max_steps": 20, "train.eval_every": 1000,
+            "train.eval_batches": 1, "train.save_every": 1000, "train.log_every": 5, "train.num_threads": 1,
+            "eval.run_after": "false"}
+    overrides = [part for key, value in tiny.items() for part in (f"--{key}", str(value))]
+    runs = iter(range(10 ** 6))
+
+    def run(size: int) -> Callable[[], int]:
+        def go() -> int:
+            out = work / f"run-{next(runs)}"
+            return _peak_rss([sys.executable, "-m", "rotarium", "train", "--output-dir", str(out),
+                              "--data.source", str(folders[size]), *overrides], env)
+
+        return go
+
+    peaks: dict[int, list[int]] = {size: [] for size in sizes}
+    for _ in range(args.repeats):
+        for size in sizes:
+            peaks[size].append(run(size)())
+    small, large = (min(peaks[size]) for size in sizes)
+    more = large - small
+    ok = more <= MEMORY_TARGET
+    print(f"## memory: a 20-step run (width 32, 2 layers, {BATCH} x {SEQ_LEN} tokens a step, 2 DataLoader workers), "
+          f"peak resident memory of its largest process, least of {args.repeats} runs each")
+    print(f"{MEMORY_SMALL / 1e6:,.0f}M tokens: {small / 2 ** 20:.1f} MB; {args.memory_tokens / 1e9:,.2f}B tokens: "
+          f"{large / 2 ** 20:.1f} MB; {more / 2 ** 20:+.1f} MB ({large / small:.3f}x; target at most "
+          f"{MEMORY_TARGET / 2 ** 20:.0f} MB more) {verdict(ok)}")
+    return ok
+
+
+ROWS: dict[str, Callable[[argparse.Namespace, Path], bool]] = {"prepare": prepare_row, "resume": resume_row,
+                                                               "reading": reading_row, "memory": memory_row}
 
 
 def main() -> None:
@@ -75,6 +267,11 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--copies", type=int, default=20, help="prepare: copies of the embedded corpus in the source")
     parser.add_argument("--vocab-size", type=int, default=4096, help="prepare: the BPE's size")
+    parser.add_argument("--resume-tokens", type=int, default=MEMORY_SMALL,
+                        help="resume and reading: the prepared folder's training tokens")
+    parser.add_argument("--reading-batches", type=int, default=200, help="reading: batches a round")
+    parser.add_argument("--memory-tokens", type=int, default=2_000_000_000,
+                        help="memory: the large folder's training tokens (2 bytes each on disk)")
     args = parser.parse_args()
     os.environ["TOKENIZERS_PARALLELISM"] = "false"  # the peer on one core, as each process of prepare runs
     print(f"{len(os.sched_getaffinity(0)) if hasattr(os, 'sched_getaffinity') else os.cpu_count()} cores")
