@@ -12,10 +12,10 @@ these layers.
 
 Rolling back (assisted and prompt-lookup decoding, which verify drafted tokens and drop the rejected ones): a
 recurrent state cannot be run backwards, so after ``activate_past_recording(recurrent_states_to_keep=n)`` the model
-feeds the last n tokens of each forward one at a time, and each layer keeps the state it had before each of them
-(:meth:`RotariumCacheLayer.set_state`). ``crop(-r)`` then takes back the state from before the r newest tokens:
-recurrent states, convolution windows, RoPE offsets and Selective RoPE's angles as they were, and the KV cache at
-its earlier length.
+feeds the last n tokens of each forward one at a time, and each layer keeps the state it had before each forward
+and before each of those tokens (:meth:`RotariumCacheLayer.set_state`). ``crop(-r)`` then takes back the state
+from before the r newest tokens: recurrent states, convolution windows, RoPE offsets and Selective RoPE's angles as
+they were, and the KV cache at its earlier length.
 """
 from __future__ import annotations
 
@@ -58,15 +58,17 @@ class RotariumCacheLayer(CacheLayerMixin):
     is_sliding = False
     supports_early_init = False  # the mixers create their states; there are no key/value shapes to allocate
 
-    def __init__(self, **kwargs):
-        super().__init__()
+    def __init__(self):
+        # not CacheLayerMixin's __init__: its key and value tensors stay None, and whether the layer holds anything
+        # is a property of its state
+        self.keys = self.values = None
         self.state: dict | None = None
         self.length = 0
         self.built_for: dict[str, Any] | None = None
         self._num_rows: int | None = None
         self.record_past = False
         self.recurrent_states_to_keep = 0
-        # (state, length) before each recorded token, oldest first
+        # (state, length) before each recorded forward or token, oldest first
         self.history: list[tuple[dict | None, int]] = []
 
     def __repr__(self) -> str:
@@ -75,10 +77,6 @@ class RotariumCacheLayer(CacheLayerMixin):
     @property
     def is_initialized(self) -> bool:
         return self.state is not None
-
-    @is_initialized.setter
-    def is_initialized(self, value: bool) -> None:  # CacheLayerMixin.__init__ assigns it
-        pass
 
     @property
     def batch_size(self) -> int:

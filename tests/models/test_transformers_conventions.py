@@ -213,6 +213,23 @@ def test_inputs_embeds_batching_and_logits_to_keep_give_the_same_outputs(family)
     assert model.get_input_embeddings() is model.model.embed_tokens
 
 
+@pytest.mark.parametrize("family", FAMILIES)
+def test_left_padding_with_transformers_position_ids_gives_the_unpadded_logits(family):
+    """GenerationTesterMixin's left-padding check: positions ``cumsum(mask) - 1``, 1 on padding; also in a batch of
+    one, where positions restarting at the first real token are not taken for packed documents."""
+    model = tiny_model(family, OPTION[family])
+    ids = torch.randint(2, VOCAB, (2, 10))
+    padded = torch.cat([torch.zeros(2, 3, dtype=torch.long), ids], 1)
+    mask = torch.ones_like(padded)
+    mask[:, :3] = 0
+    positions = (mask.cumsum(-1) - 1).masked_fill(mask == 0, 1)
+    with torch.no_grad():
+        expected = model(ids, use_cache=False).logits[:, -1]
+        batch = model(padded, attention_mask=mask, position_ids=positions, use_cache=False).logits[:, -1]
+        one = model(padded[:1], attention_mask=mask[:1], position_ids=positions[:1], use_cache=False).logits[:, -1]
+    assert (batch - expected).abs().max() <= 1e-5 and (one - expected[:1]).abs().max() <= 1e-5
+
+
 # -- GenerationTesterMixin's checks ----------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("family,pe", COMBINATIONS)
@@ -226,10 +243,12 @@ def test_generate_continues_from_its_cache_and_from_inputs_embeds(family, pe):
         mask_now = torch.cat([mask, torch.ones(2, 4, dtype=mask.dtype)], 1)
         rest = model.generate(first.sequences, attention_mask=mask_now, cache=first.cache, max_new_tokens=4,
                               **greedy)
-        from_embeds = model.generate(inputs_embeds=model.get_input_embeddings()(ids), attention_mask=mask,
-                                     max_new_tokens=8, **greedy)
+        embed = model.get_input_embeddings()
+        from_embeds = model.generate(inputs_embeds=embed(ids), attention_mask=mask, max_new_tokens=4, **greedy)
+        rest_embeds = model.generate(inputs_embeds=embed(first.sequences), attention_mask=mask_now,
+                                     cache=from_embeds.cache, max_new_tokens=4, **greedy)
     assert torch.equal(rest.sequences, whole.sequences)
-    assert torch.equal(from_embeds.sequences, whole.sequences[:, 7:])
+    assert torch.equal(torch.cat([from_embeds.sequences, rest_embeds.sequences], 1), whole.sequences[:, 7:])
 
 
 @pytest.mark.parametrize("family", FAMILIES)
