@@ -78,7 +78,7 @@ def table_rows(stdout: str) -> dict[str, tuple[str, str]]:
 
 def run_on_cpu(part: str, mode: str) -> dict[str, tuple[str, str]]:
     """The final table of ``gpu_check.py --part PART --MODE``, each row checked against :func:`expected_rows`."""
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}  # this tree, not an installed rotarium
     result = subprocess.run([sys.executable, "benchmarks/gpu_check.py", "--part", part, f"--{mode}"], cwd=ROOT,
                             env=env, capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=900,
                             check=False)
@@ -111,11 +111,12 @@ def test_fla_kernels_run_by_tritons_interpreter_agree_with_the_pytorch_path(part
     presets, loaded with the same weights, start from the same loss."""
     pytest.importorskip("fla.ops")
     rows = run_on_cpu(part, "interpret")
-    # two different implementations ran: no compared row agrees to the last bit (the script's dispatch counts
-    # already require the fla side to have run fla)
+    # two different implementations ran: no compared row of tensors agrees to the last bit (the script's dispatch
+    # counts already require the fla side to have run fla). A training row compares one scalar, the first loss
+    # under fp16 autocast, which two implementations can round to the same float.
     for name, (status, note) in rows.items():
         errors = [float(e) for e in re.findall(r"\b\d\.\de[+-]\d\d\b", note.split("(tol")[0])]
-        if errors:
+        if errors and "first loss" not in note:
             assert max(errors) > 0, (name, note)
 
 
