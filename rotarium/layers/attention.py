@@ -108,11 +108,11 @@ class SoftmaxAttention(nn.Module):
                 cache = KVCache.start(enc.k, enc.v, q_cumsum, seq.mask)
             else:
                 cache = cache.append(enc.k, enc.v, q_cumsum, seq.mask)
-            attend = eager_forgetting_attn if output_attentions else forgetting_attn_with_cache
-            o = attend(enc.q, cache.keys, cache.values, q_cumsum, cache.log_decay_cumsum, scale=self.scale,
-                       attention_mask=cache.key_mask)
+            attended = (enc.q, cache.keys, cache.values, q_cumsum, cache.log_decay_cumsum)
             if output_attentions:
-                o, weights = o
+                o, weights = eager_forgetting_attn(*attended, scale=self.scale, attention_mask=cache.key_mask)
+            else:
+                o = forgetting_attn_with_cache(*attended, scale=self.scale, attention_mask=cache.key_mask)
         o = enc.restore(o)
         if self.output_gate:
             o = o * torch.sigmoid(self.ogate_proj(x)).view(B, T, self.num_heads, self.head_dim)

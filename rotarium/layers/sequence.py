@@ -51,7 +51,7 @@ class SequenceInfo:
         ``cu_seqlens`` the caller already has, spares the one copy this makes otherwise.
 
         Without ``cu_seqlens``, one unpadded row whose ``position_ids`` restart (transformers' padding-free packing,
-        ``DataCollatorWithFlattening``) is packed documents: each starts where the positions take their smallest
+        ``DataCollatorWithFlattening``) holds packed documents: each starts where the positions take their smallest
         value, transformers' own rule (``prepare_fa_kwargs_from_position_ids``), and the tokens before the first
         such start form a document of their own.
         """
