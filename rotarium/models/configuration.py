@@ -120,6 +120,8 @@ class RotariumConfig(PretrainedConfig):
     mixer_fields: ClassVar[tuple[str, ...]]
     presets: ClassVar[dict[str, dict[str, Any]]]
     keys_to_ignore_at_inference: ClassVar[list[str]] = ["past_key_values", "cache"]
+    # transformers' utilities and tests read the head count under its usual name
+    attribute_map: ClassVar[dict[str, str]] = {"num_attention_heads": "num_heads"}
 
     def __init__(
         self,

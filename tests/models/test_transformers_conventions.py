@@ -32,6 +32,13 @@ def ids_and_mask(batch=2, length=12, padding=3):
 
 
 @pytest.mark.parametrize("family", FAMILIES)
+def test_configs_name_the_head_count_as_transformers_does(family):
+    config = tiny_model(family, "rope").config
+    assert config.num_attention_heads == config.num_heads
+    assert type(config)(num_attention_heads=8).num_heads == 8
+
+
+@pytest.mark.parametrize("family", FAMILIES)
 def test_causal_lm_classes_inherit_generation_mixin_directly(family):
     lm = FAMILY_MODELS[family].lm
     assert GenerationMixin in lm.__bases__ and lm.can_generate()
