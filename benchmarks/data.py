@@ -15,13 +15,19 @@
 4. memory: the peak resident memory of a 20-step tiny-model ``rotarium train`` on a prepared folder of
    ``--memory-tokens`` (2B by default, 4 GB of uint16 on disk; random ids written straight to shards) against the
    same run on a folder of 10M tokens. Target: at most 100 MB more.
+5. streaming: from process start to the first batch of a streaming run resumed at step 10 and at step 200 of a local
+   JSON Lines stream of ``--stream-shards`` files (the embedded corpus, ``--stream-copies`` times; a BPE of 4096;
+   sequences of 512, 8 a step; the trainer's ``open_stream`` and ``prepare_data`` with its DataLoader workers, from
+   the position a run records at that step), each in a fresh process. Target: the ratio at most 1.5. The time to
+   read and tokenise the stream from its start to step 200, which a resume cost before streams recorded their
+   position, is printed beside it.
 
 The folders of rows 2-4 hold random ids in documents of random lengths, written as ``rotarium prepare`` writes
 shards; only their layout matters to these rows.
 
 Each row is a function of ``ROWS`` returning whether it met its targets; the script exits 1 when one did not.
-Usage: ``python benchmarks/data.py [--rows prepare resume reading memory] [--repeats 3] [--copies 20]
-[--memory-tokens 2000000000]``.
+Usage: ``python benchmarks/data.py [--rows prepare resume reading memory streaming] [--repeats 3] [--copies 20]
+[--memory-tokens 2000000000] [--stream-shards 200] [--stream-copies 16]``.
 """
 from __future__ import annotations
 
@@ -52,6 +58,7 @@ SEQ_LEN, BATCH = 2048, 8  # the reading and resume rows' batches, as the issue s
 RESUME_STEPS, RESUME_TARGET = (10, 1_000_000), 1.5
 READING_TARGET = 5e6  # tokens/s
 MEMORY_SMALL, MEMORY_TARGET = 10_000_000, 100 * 2 ** 20  # bytes more at most
+STREAM_STEPS, STREAM_SEQ_LEN, STREAM_TARGET = (10, 200), 512, 1.5
 SHARD_TOKENS = 100_000_000  # rotarium prepare's default
 MEAN_DOCUMENT = 800  # tokens of a random document, on average
 
@@ -257,8 +264,95 @@ def memory_row(args: argparse.Namespace, work: Path) -> bool:
     return ok
 
 
+# A streaming run's data path, from a fresh process: its config, the stream, and prepare_data at a recorded position.
+STREAM_CHILD = """
+import json, sys, time
+from rotarium.data.tokenizer import load_tokenizer
+from rotarium.training.build import open_stream, prepare_data
+from rotarium.training.config import load_config
+source, tokenizer, step, state, seq_len, batch_size = sys.argv[1:]
+imported = time.perf_counter()
+config = load_config(None, {"data.source": source, "data.streaming": "true", "data.seq_len": seq_len,
+                            "data.validation_documents": "100", "train.batch_size": batch_size})
+data = prepare_data(config, load_tokenizer(tokenizer), 1, 0, int(step), None, stream=open_stream(config, 1),
+                    stream_state=json.loads(open(state).read()))
+batch = data.train.batch(int(step), 0)
+assert batch["input_ids"].shape == (1, int(seq_len) * int(batch_size))
+print(f"data {time.perf_counter() - imported:.6f}", flush=True)
+data.close()
+"""
+
+
+def streaming_row(args: argparse.Namespace, work: Path) -> bool:
+    """Process start to the first batch of a streaming run resumed at step 10 and at step 200."""
+    import time
+
+    from rotarium.training.build import open_stream, prepare_data
+    from rotarium.training.config import load_config
+
+    documents = [f"{copy} {text}" for copy in range(args.stream_copies) for text in embedded_documents()]
+    folder = work / "stream"
+    folder.mkdir()
+    per_shard = -(-len(documents) // args.stream_shards)
+    for k in range(args.stream_shards):
+        part = documents[k * per_shard:(k + 1) * per_shard]
+        (folder / f"part-{k:05d}.jsonl").write_text("".join(json.dumps({"text": d}) + "\n" for d in part),
+                                                     encoding="utf-8")
+    tokenizer_dir = work.parent / "tokenizer-4096"
+    if not tokenizer_dir.is_dir():
+        train_bpe(embedded_documents(), 4096).save_pretrained(tokenizer_dir)
+    tokenizer = load_tokenizer(str(tokenizer_dir))
+
+    # the positions a run records at those steps, from a run of the loader from the stream's start
+    config = load_config(None, {"data.source": str(folder), "data.streaming": "true", "data.seq_len": STREAM_SEQ_LEN,
+                                "data.validation_documents": 100, "train.batch_size": BATCH,
+                                "data.num_workers": 0})  # tokenising on this thread, as a resume replayed it
+    data = prepare_data(config, tokenizer, 1, 0, 0, None, stream=open_stream(config, 1))
+    states, started = {}, time.perf_counter()
+    for step in range(max(STREAM_STEPS) + 1):
+        if step in STREAM_STEPS:
+            states[step] = work / f"state-{step}.json"
+            states[step].write_text(json.dumps(data.train.state()))
+            if step == max(STREAM_STEPS):
+                replay = time.perf_counter() - started
+        data.train.batch(step, 0)
+    last_position = data.train.state()["position"]
+    data.close()
+
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1"}
+    data_seconds: dict[int, list[float]] = {step: [] for step in STREAM_STEPS}
+
+    def resumed(step: int) -> Callable[[], None]:
+        def run() -> None:
+            argv = [str(folder), str(tokenizer_dir), str(step), str(states[step]), str(STREAM_SEQ_LEN), str(BATCH)]
+            out = subprocess.run([sys.executable, "-c", STREAM_CHILD, *argv], env=env, capture_output=True,
+                                 text=True, check=True)
+            data_seconds[step].append(float(out.stdout.split("data ")[-1]))
+
+        return run
+
+    samples = time_rounds({step: resumed(step) for step in STREAM_STEPS}, args.repeats)
+    times = best(samples)
+    first, last = STREAM_STEPS
+    print(f"## streaming: {len(documents):,} documents in {args.stream_shards} JSON Lines shards, sequences of "
+          f"{STREAM_SEQ_LEN}, {BATCH} a step, 2 DataLoader workers, {args.repeats} rounds")
+    for step in STREAM_STEPS:
+        position = json.loads(states[step].read_text())["position"]
+        print(f"step {step}: at shard {position[1]} of {args.stream_shards}, {times[step]:.2f} s from process start "
+              f"to the first batch, {min(data_seconds[step][1:]) * 1e3:.0f} ms of it after the imports")
+    ratio = paired_ratio(samples[last], samples[first])
+    data_ratio = paired_ratio(data_seconds[last][1:], data_seconds[first][1:])
+    ok = ratio <= STREAM_TARGET
+    print(f"step {last} / step {first}: {ratio:.2f}x (target <= {STREAM_TARGET}) {verdict(ok)}; the data set-up "
+          f"alone {data_ratio:.2f}x")
+    print(f"reading and tokenising the stream from its start to step {last} ({last * BATCH * STREAM_SEQ_LEN:,} "
+          f"tokens, shard {last_position[1]}), as a resume did before: {replay:.2f} s on the training thread")
+    return ok
+
+
 ROWS: dict[str, Callable[[argparse.Namespace, Path], bool]] = {"prepare": prepare_row, "resume": resume_row,
-                                                               "reading": reading_row, "memory": memory_row}
+                                                               "reading": reading_row, "memory": memory_row,
+                                                               "streaming": streaming_row}
 
 
 def main() -> None:
@@ -272,6 +366,9 @@ def main() -> None:
     parser.add_argument("--reading-batches", type=int, default=200, help="reading: batches a round")
     parser.add_argument("--memory-tokens", type=int, default=2_000_000_000,
                         help="memory: the large folder's training tokens (2 bytes each on disk)")
+    parser.add_argument("--stream-shards", type=int, default=200, help="streaming: JSON Lines files of the stream")
+    parser.add_argument("--stream-copies", type=int, default=16,
+                        help="streaming: copies of the embedded corpus in the stream")
     args = parser.parse_args()
     os.environ["TOKENIZERS_PARALLELISM"] = "false"  # the peer on one core, as each process of prepare runs
     print(f"{len(os.sched_getaffinity(0)) if hasattr(os, 'sched_getaffinity') else os.cpu_count()} cores")

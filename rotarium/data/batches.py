@@ -13,7 +13,7 @@ from __future__ import annotations
 import itertools
 import os
 from collections import deque
-from collections.abc import Callable, Iterable, Iterator, Sized
+from collections.abc import Iterable, Iterator, Sized
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
@@ -51,34 +51,62 @@ class PackedSequences:
         return self.tokens[indices], [self.starts[i] for i in indices]
 
 
+class Packer:
+    """Documents in, sequences of ``seq_len`` tokens out: :meth:`add` appends a document and its ``eos_id``,
+    :meth:`take` cuts the next sequence while :meth:`ready` says one is complete. A document cut at a sequence end
+    continues at the start of the next one. :meth:`state` is what is left (the tokens not yet cut, with the
+    document starts among them), from which ``Packer(seq_len, eos_id, **state)`` goes on with the same sequences.
+
+    Linear in the tokens, however long a document: the buffer is read from a moving ``head`` and compacted only once
+    the part already cut is its larger half."""
+
+    def __init__(self, seq_len: int, eos_id: int, tokens: Iterable[int] = (), starts: Iterable[int] = ()):
+        self.seq_len, self.eos_id = seq_len, eos_id
+        self.buffer: list[int] = list(tokens)
+        self.head = 0  # where the next sequence starts in ``buffer``
+        self.starts: deque[int] = deque(starts)  # where documents start in ``buffer``, from the first after ``head``
+
+    def add(self, ids: list[int]) -> None:
+        self.starts.append(len(self.buffer))
+        self.buffer.extend(ids)
+        self.buffer.append(self.eos_id)
+
+    def ready(self) -> bool:
+        return len(self.buffer) - self.head >= self.seq_len
+
+    def take(self) -> tuple[list[int], list[int]]:
+        """The next sequence and the offsets inside it (0 excluded) where a document starts."""
+        head, end = self.head, self.head + self.seq_len
+        inside = []
+        for start in self.starts:
+            if start >= end:
+                break
+            if start > head:
+                inside.append(start - head)
+        sequence = self.buffer[head:end]
+        self.head = end
+        while self.starts and self.starts[0] <= end:  # a document starting at ``end`` starts the next sequence
+            self.starts.popleft()
+        if 2 * self.head >= len(self.buffer):
+            del self.buffer[:self.head]
+            self.starts = deque(s - self.head for s in self.starts)
+            self.head = 0
+        return sequence, inside
+
+    def state(self) -> dict[str, list[int]]:
+        """``{"tokens": [...], "starts": [...]}``: the tokens not cut yet and where documents start among them."""
+        return {"tokens": self.buffer[self.head:], "starts": [s - self.head for s in self.starts]}
+
+
 def pack(token_lists: Iterable[list[int]], seq_len: int, eos_id: int) -> Iterator[tuple[list[int], list[int]]]:
     """Concatenates documents (each ended by ``eos_id``) and cuts the stream into sequences of ``seq_len`` tokens,
-    yielding ``(tokens, document starts inside the sequence)``; a document cut at a sequence end continues at the
-    start of the next one. The last partial sequence is dropped. Linear in the tokens, however long a document:
-    the buffer is read from a moving ``head`` and compacted only once the part already cut is its larger half."""
-    buffer: list[int] = []
-    head = 0  # where the next sequence starts in ``buffer``
-    starts: deque[int] = deque()  # where documents start in ``buffer``, from the first at or after ``head``
+    yielding ``(tokens, document starts inside the sequence)`` (:class:`Packer`). The last partial sequence is
+    dropped."""
+    packer = Packer(seq_len, eos_id)
     for ids in token_lists:
-        starts.append(len(buffer))
-        buffer.extend(ids)
-        buffer.append(eos_id)
-        while len(buffer) - head >= seq_len:
-            end = head + seq_len
-            inside = []
-            for start in starts:
-                if start >= end:
-                    break
-                if start > head:
-                    inside.append(start - head)
-            yield buffer[head:end], inside
-            head = end
-            while starts and starts[0] <= head:  # a document starting at ``head`` starts the next sequence
-                starts.popleft()
-        if head and 2 * head >= len(buffer):
-            del buffer[:head]
-            starts = deque(s - head for s in starts)
-            head = 0
+        packer.add(ids)
+        while packer.ready():
+            yield packer.take()
 
 
 def added_bos(tokenizer: PreTrainedTokenizerBase) -> int | None:
@@ -257,38 +285,3 @@ def validation_batches(data: PackedSequences, batch_size: int, max_batches: int,
             idx = list(range(first, min(first + batch_size, len(data))))
             out.append(collate(data.tokens[idx], [data.starts[i] for i in idx]))
     return out
-
-
-class StreamingSchedule:
-    """The streaming counterpart of :class:`BatchSchedule` for corpora too large to tokenise up front (a Hub
-    dataset with ``streaming``): sequences come in stream order, from ``make_stream(epoch)`` (a new pass, with its
-    own shuffle, when one ends); every rank reads the stream and keeps its own slice; resuming at step ``s`` skips
-    the first ``s`` global batches."""
-
-    def __init__(self, make_stream: Callable[[int], Iterator[tuple[list[int], list[int]]]], batch_size: int,
-                 accum: int, world: int, rank: int, start_step: int):
-        self.make_stream, self.B, self.accum, self.world, self.rank = make_stream, batch_size, accum, world, rank
-        self.global_batch = batch_size * accum * world
-        self.epoch, self.sequences = 0, make_stream(0)
-        for _ in range(start_step * self.global_batch):
-            self._next()
-        self._step, self._pending = start_step, []
-
-    def _next(self) -> tuple[list[int], list[int]]:
-        for _ in range(2):
-            try:
-                return next(self.sequences)
-            except StopIteration:
-                self.epoch += 1
-                self.sequences = self.make_stream(self.epoch)
-        raise ValueError("the training stream holds no complete training sequence; give more text or a smaller "
-                         "`data.seq_len`")
-
-    def batch(self, step: int, micro: int) -> dict[str, torch.Tensor]:
-        if micro == 0:
-            if step != self._step:
-                raise RuntimeError("streaming batches must be read in order")
-            self._pending = [self._next() for _ in range(self.global_batch)]
-            self._step += 1
-        mine = self._pending[(micro * self.world + self.rank) * self.B:][:self.B]
-        return collate(torch.tensor([r[0] for r in mine]), [r[1] for r in mine])

@@ -26,8 +26,10 @@ class DataSection:
     validation_documents: int = field(
         default=500, metadata={"help": "streaming: the first documents of the stream, held out for validation"})
     max_validation_tokens: int = field(default=65536, metadata={"help": "at most this many held-out tokens are scored"})
-    shuffle_buffer: int = field(
-        default=10000, metadata={"help": "streaming: documents in the shuffle buffer of each pass (1: no shuffle)"})
+    shuffle_buffer: int = field(default=10000, metadata={
+        "help": "streaming: each pass shuffles a process's shards and, within a shard, blocks of this many rows "
+                "(1: the stream's order)"})
     num_workers: int = field(default=2, metadata={
-        "help": "a prepared folder: DataLoader worker processes reading each process's batches ahead of the step "
-                "(0: read on the training thread); other sources are read on the training thread"})
+        "help": "a prepared folder or a stream: DataLoader worker processes reading (a stream: tokenising) each "
+                "process's batches ahead of the step (0: on the training thread); a source read whole is "
+                "tokenised up front"})

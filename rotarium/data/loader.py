@@ -86,8 +86,30 @@ class _Rows(torch.utils.data.Dataset):
         return step, micro, collate(*self.data.rows(indices))
 
 
-def _as_is(item: Any) -> Any:
+def as_is(item: Any) -> Any:
+    """A DataLoader's ``collate_fn`` for items that are already batches."""
     return item
+
+
+class MicroBatchOrder:
+    """The loop asks a loader for micro-batches in order, ``(start_step, 0)`` first: :meth:`check` refuses any
+    other, since a loader that reads ahead can give each micro-batch once only."""
+
+    def __init__(self, start_step: int, accum: int):
+        self.accum = accum
+        self.next = (start_step, 0)
+
+    def check(self, step: int, micro: int) -> None:
+        """Raises ``RuntimeError`` unless ``(step, micro)`` is the next micro-batch; then moves past it."""
+        if self.next == (-1, -1):
+            raise RuntimeError("the loader is closed")
+        if (step, micro) != self.next:
+            raise RuntimeError(f"the loader reads micro-batches in order: asked for step {step} micro-batch {micro}, "
+                               f"the next one is step {self.next[0]} micro-batch {self.next[1]}")
+        self.next = (step, micro + 1) if micro + 1 < self.accum else (step + 1, 0)
+
+    def close(self) -> None:
+        self.next = (-1, -1)
 
 
 class BatchLoader:
@@ -102,31 +124,26 @@ class BatchLoader:
         self.schedule, self.start_step = schedule, start_step
         self._loader = torch.utils.data.DataLoader(
             _Rows(schedule.data), batch_size=None, sampler=_MicroBatches(schedule, start_step),
-            num_workers=num_workers, collate_fn=_as_is, pin_memory=pin_memory,
+            num_workers=num_workers, collate_fn=as_is, pin_memory=pin_memory,
             prefetch_factor=prefetch if num_workers else None)
         self._iterator: Iterator | None = None
-        self._next = (start_step, 0)
+        self.order = MicroBatchOrder(start_step, schedule.accum)
 
     def batch(self, step: int, micro: int) -> dict[str, torch.Tensor]:
         """Micro-batch ``micro`` of step ``step``, which must be the one after the last one asked for (the first:
         ``(start_step, 0)``)."""
-        if self._next == (-1, -1):
-            raise RuntimeError("the loader is closed")
-        if (step, micro) != self._next:
-            raise RuntimeError(f"the loader reads micro-batches in order: asked for step {step} micro-batch {micro}, "
-                               f"the next one is step {self._next[0]} micro-batch {self._next[1]}")
+        self.order.check(step, micro)
         if self._iterator is None:
             self._iterator = iter(self._loader)
         got_step, got_micro, batch = next(self._iterator)
         if (got_step, got_micro) != (step, micro):
             raise RuntimeError(f"the loader delivered step {got_step} micro-batch {got_micro} for step {step} "
                                f"micro-batch {micro}")
-        self._next = (step, micro + 1) if micro + 1 < self.schedule.accum else (step + 1, 0)
         return batch
 
     def close(self) -> None:
         """Stops the worker processes; the loader gives no batch after it."""
         iterator, self._iterator = self._iterator, None
-        self._next = (-1, -1)
+        self.order.close()
         if iterator is not None and hasattr(iterator, "_shutdown_workers"):
             iterator._shutdown_workers()

@@ -202,7 +202,7 @@ def encode_ordered(encoder: DocumentEncoder, tasks: Iterator[list[str]], num_pro
 
 
 @contextmanager
-def _one_thread_per_process() -> Iterator[None]:
+def one_thread_per_process() -> Iterator[None]:
     """Each process tokenises on one core (``--num-proc`` counts the cores): tokenizers' own thread pool, which it
     reads ``TOKENIZERS_PARALLELISM`` for, stays off for the duration."""
     previous = os.environ.get("TOKENIZERS_PARALLELISM")
@@ -497,7 +497,7 @@ def _prepare(cfg: DataSection, out: Path, settings: dict[str, Any], num_proc: in
             _refuse_changed_tokenizer(load_tokenizer(settings["tokenizer"]), record,
                                       f"--tokenizer {settings['tokenizer']}", out)
         dtype = np.dtype(record["dtype"])
-    with _one_thread_per_process():
+    with one_thread_per_process():
         _tokenise(cfg, out, record, held, DocumentEncoder(tokenizer, dtype), num_proc, progress)
 
 

@@ -10,18 +10,11 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from rotarium.data.batches import (
-    BatchSchedule,
-    PackedSequences,
-    StreamingSchedule,
-    pack,
-    pack_all,
-    tokenize,
-    validation_batches,
-)
-from rotarium.data.documents import held_out_documents, iter_documents, split_documents
+from rotarium.data.batches import BatchSchedule, PackedSequences, pack_all, validation_batches
+from rotarium.data.documents import StreamShards, iter_documents, split_documents
 from rotarium.data.loader import BatchLoader, PreparedSequences
 from rotarium.data.prepared import PreparedCorpus, is_prepared, tokenizer_fingerprint
+from rotarium.data.stream import StreamLoader, plan_stream, stream_layout
 from rotarium.data.tokenizer import load_tokenizer, train_bpe
 from rotarium.training.config import Config
 from rotarium.training.run_folder import TOKENIZER
@@ -121,14 +114,24 @@ def prepare_tokenizer(config: Config, run_dir: Path, documents: list[str] | None
     return load_tokenizer(str(saved))
 
 
+def open_stream(config: Config, world: int) -> StreamShards | None:
+    """The stream ``data.source`` names with ``data.streaming`` (read by shards, :class:`StreamShards`, resharded
+    for ``world`` processes where that helps), or None for a source read whole or a prepared folder."""
+    if not config.data.streaming or is_prepared(config.data.source):
+        return None
+    return StreamShards(config.data, reshard_for=world)
+
+
 @dataclass
 class RunData:
     """This process's data: its training batches, its validation batches, and what the run holds out (the
-    documents, or the ``prepared`` folder whose validation split it is)."""
-    train: BatchSchedule | BatchLoader | StreamingSchedule
+    documents, or the ``prepared`` folder whose validation split it is). ``stream``: a stream's layout
+    (:func:`~rotarium.data.stream.stream_layout`)."""
+    train: BatchSchedule | BatchLoader | StreamLoader
     validation: list[dict[str, torch.Tensor]]
     validation_documents: list[str] | None
     prepared: PreparedCorpus | None = None
+    stream: dict[str, Any] | None = None
 
     @property
     def schedule(self) -> BatchSchedule | None:
@@ -141,17 +144,18 @@ class RunData:
         """What evaluation scores: the held-out documents, or the prepared folder (its validation split)."""
         return self.prepared if self.prepared is not None else self.validation_documents
 
-    def position(self, step: int) -> dict[str, Any] | None:
-        """The data position before step ``step`` for a checkpoint (:meth:`BatchSchedule.position`, with a prepared
-        folder's fingerprint and tokenizer SHA-256); None for a stream."""
-        if self.schedule is None:
-            return None
+    def position(self, step: int) -> dict[str, Any]:
+        """The data position before step ``step`` for a checkpoint: :meth:`BatchSchedule.position` with a prepared
+        folder's fingerprint and tokenizer SHA-256, or a stream's ``{"stream": layout, "processes": [this process's
+        StreamLoader.state()]}`` (the trainer gathers every process's)."""
+        if isinstance(self.train, StreamLoader):
+            return {"stream": self.stream, "processes": [self.train.state()]}
         identity = self.prepared.identity if self.prepared is not None else {"prepared": None, "tokenizer": None}
         return {**self.schedule.position(step), **identity}
 
     def close(self) -> None:
         """Stops a loader's worker processes."""
-        if isinstance(self.train, BatchLoader):
+        if isinstance(self.train, (BatchLoader, StreamLoader)):
             self.train.close()
 
 
@@ -171,13 +175,17 @@ def accumulation_steps(config: Config, world: int) -> int:
 def prepare_data(config: Config, tokenizer: PreTrainedTokenizerBase, world: int, rank: int, start_step: int,
                  documents: list[str] | None, *, prepared: PreparedCorpus | None = None,
                  start_sequences: int | None = None, order_cache: Path | None = None,
-                 pin_memory: bool = False) -> RunData:
+                 pin_memory: bool = False, stream: StreamShards | None = None,
+                 stream_state: dict[str, Any] | None = None) -> RunData:
     """This process's training batches from ``start_step`` on and its share of the validation batches.
     ``documents``: the whole corpus when it is already read (not streaming, not prepared); ``prepared``: the
     prepared folder ``data.source`` names (:func:`open_prepared`), read by a :class:`BatchLoader` with
     ``data.num_workers`` workers (pinning its batches with ``pin_memory``) and an epoch order cached in
     ``order_cache``; ``start_sequences``: the sequences consumed before ``start_step``, as the checkpoint resumed
-    from recorded them (default: ``start_step`` global batches)."""
+    from recorded them (default: ``start_step`` global batches). A stream (``data.streaming``; ``stream``: its
+    :func:`open_stream`, opened here when not given) is read by a :class:`~rotarium.data.stream.StreamLoader` with
+    ``data.num_workers`` workers, from ``stream_state`` (this process's position, as the checkpoint resumed from
+    recorded it) or the stream's start."""
     d, t = config.data, config.train
     accum = accumulation_steps(config, world)
     max_val_rows = max(1, d.max_validation_tokens // d.seq_len)
@@ -192,18 +200,25 @@ def prepare_data(config: Config, tokenizer: PreTrainedTokenizerBase, world: int,
                                  "seq_len or prepare more text")
         schedule = BatchSchedule(sequences, t.batch_size, accum, world, rank, t.seed, start_step=start_step,
                                  start_sequences=start_sequences, order_cache=order_cache)
-        train: BatchSchedule | BatchLoader | StreamingSchedule = BatchLoader(schedule, start_step, d.num_workers,
-                                                                             pin_memory=pin_memory)
+        train: BatchSchedule | BatchLoader | StreamLoader = BatchLoader(schedule, start_step, d.num_workers,
+                                                                        pin_memory=pin_memory)
         held_out = None
     elif d.streaming:
-        held_out = held_out_documents(d, t.seed)
+        stream = stream if stream is not None else open_stream(config, world)
+        held_out, held = stream.held_out(d.validation_documents)
         val = pack_all(tokenizer, held_out, d.seq_len, "validation")
-
-        def training_stream(epoch: int):
-            documents = iter_documents(d, skip=d.validation_documents, shuffle_seed=t.seed + epoch)
-            return pack(tokenize(tokenizer, documents), d.seq_len, tokenizer.eos_token_id)
-
-        train = StreamingSchedule(training_stream, t.batch_size, accum, world, rank, start_step)
+        plan = plan_stream(len(stream), world, rank, held)
+        if rank == 0 and not plan.own_shards:
+            logger.warning("`data.source=%s` has %d shard(s), not a multiple of the %d processes: every process reads "
+                           "the whole stream and keeps one row in %d (tokenising only those); a stream of a multiple "
+                           "of %d files lets each process read only its own shards", d.source, len(stream), world,
+                           world, world)
+        train = StreamLoader(stream, plan, tokenizer, d.seq_len, t.batch_size, accum, t.seed, d.shuffle_buffer,
+                             start_step, d.num_workers, state=stream_state)
+        layout = stream_layout(len(stream), world)
+        val = PackedSequences(val.tokens[:max_val_rows], val.starts[:max_val_rows])
+        return RunData(train, validation_batches(val, t.batch_size, t.eval_batches, world, rank), held_out, None,
+                       layout)
     else:
         documents = documents if documents is not None else list(iter_documents(d))
         train_docs, held_out = split_documents(documents, d.validation_fraction, t.seed)

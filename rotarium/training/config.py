@@ -267,7 +267,7 @@ def validate(config: Config) -> None:
         if value < 1:
             raise ValueError(f"`{key}` must be a positive integer (at least 1), got {value}")
     _at_least("data.seq_len", d.seq_len, 2, " (a sequence of one token has nothing to predict)")
-    _at_least("data.num_workers", d.num_workers, 0, " (0 reads a prepared folder on the training thread)")
+    _at_least("data.num_workers", d.num_workers, 0, " (0 reads on the training thread)")
     if t.global_batch_size is not None:
         _at_least("train.global_batch_size", t.global_batch_size, t.batch_size,
                   f" (a multiple of train.batch_size={t.batch_size} x the number of processes)")

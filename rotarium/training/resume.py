@@ -23,7 +23,8 @@ Which settings may differ from the run's on resume:
 A run from a prepared folder also records, in every checkpoint's data position, the folder's fingerprint and its
 tokenizer's SHA-256: the position counts sequences of that content, so a folder prepared again at the same path
 (another source, tokenizer or split) is refused by :func:`check_data`, naming what changed, unless
-``--allow-config-change data``.
+``--allow-config-change data``. A streaming run records each process's place in its own part of the stream, which
+holds only for the same number of processes and shards (:func:`check_stream`).
 """
 from __future__ import annotations
 
@@ -169,12 +170,16 @@ def check_config(checkpoint: Path, config: Config, allowed: set[str]) -> None:
                        config.optim.schedule, read_trainer_state(checkpoint)["step"])
 
 
-def check_data(checkpoint: Path, now: dict[str, Any] | None, source: str, allowed: set[str]) -> None:
+def check_data(checkpoint: Path, now: dict[str, Any] | None, source: str, allowed: set[str], *,
+               stream: dict[str, Any] | None = None) -> None:
     """Refuses to resume ``checkpoint`` when the prepared folder it trained from is not the one ``data.source``
     (``source``) holds now: ``now`` is the folder's ``{"prepared": fingerprint, "tokenizer": SHA-256}`` (None for a
     source that is not a prepared folder), compared with the data position the checkpoint recorded. Names what
-    changed; with ``--allow-config-change data`` it warns and goes on."""
+    changed; with ``--allow-config-change data`` it warns and goes on. A streaming run (``stream``: the layout of
+    its stream now, :func:`~rotarium.data.stream.stream_layout`) is checked by :func:`check_stream`."""
     recorded = read_trainer_state(checkpoint).get("data")
+    if stream is not None:
+        check_stream(checkpoint, recorded, stream, source, allowed)
     if not isinstance(recorded, dict) or not recorded.get("prepared") or now is None:
         return
     changed = []
@@ -193,6 +198,32 @@ def check_data(checkpoint: Path, now: dict[str, Any] | None, source: str, allowe
         return
     raise ValueError(f"--resume: {what}, so the run's position in it would point at other tokens; point data.source "
                      "at the folder the run trained on, or pass --allow-config-change data to go on with this one")
+
+
+def check_stream(checkpoint: Path, recorded: Any, stream: dict[str, Any], source: str, allowed: set[str]) -> None:
+    """A streaming run continues each process's recorded position only under the layout the positions belong to:
+    as many processes, over as many shards (each process reads its own shards, or keeps its own rows of every
+    shard). Another layout is refused, naming it, unless ``--allow-config-change data``, which (as a checkpoint
+    without a stream position) reads the stream again from its start, with a warning."""
+    old = recorded.get("stream") if isinstance(recorded, dict) else None
+    if not isinstance(old, dict):
+        logger.warning("--resume: %s records no position in the stream (written by an older rotarium, or by a run "
+                       "that did not stream); `data.source=%s` is read again from its start", checkpoint.name, source)
+        return
+    if old == stream:
+        return
+    changed = [f"{old.get(key)} {what} -> {stream[key]}" for key, what in (("processes", "processes"),
+                                                                         ("shards", "shards of the stream"))
+               if old.get(key) != stream[key]]
+    what = (f"{checkpoint.name} recorded each of its processes' own place in the stream, and the stream's layout "
+            f"changed ({', '.join(changed)})")
+    if "data" in allowed:
+        logger.warning("--resume: %s; going on as --allow-config-change data allows, reading `data.source=%s` again "
+                       "from its start", what, source)
+        return
+    raise ValueError(f"--resume: {what}; resume with {old.get('processes')} processes on the same stream, or pass "
+                     "--allow-config-change data to read the stream again from its start (or train from a prepared "
+                     "folder, `rotarium prepare`, whose position holds for any number of processes)")
 
 
 FSDP_SHARDS = "pytorch_model_fsdp_0"  # where accelerate's save_state puts an FSDP model's sharded weights

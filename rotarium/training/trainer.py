@@ -36,9 +36,17 @@ import torch
 
 from rotarium.data.documents import iter_documents, split_documents
 from rotarium.data.heldout import RECORD_KEY, held_out_record, prepared_record
+from rotarium.data.stream import stream_layout
 from rotarium.models import set_activation_checkpointing
 from rotarium.training.accelerator import make_accelerator
-from rotarium.training.build import accumulation_steps, build_model, open_prepared, prepare_data, prepare_tokenizer
+from rotarium.training.build import (
+    accumulation_steps,
+    build_model,
+    open_prepared,
+    open_stream,
+    prepare_data,
+    prepare_tokenizer,
+)
 from rotarium.training.config import Config, flatten
 from rotarium.training.guard import LossGuard
 from rotarium.training.optim import build_optimizer, clip_norm, set_learning_rate
@@ -133,6 +141,8 @@ class Trainer:
 
         acc, config, t = self.accelerator, self.config, self.config.train
         prepared = open_prepared(config)
+        stream = open_stream(config, acc.num_processes)
+        layout = stream_layout(len(stream), acc.num_processes) if stream is not None else None
 
         def take_folder() -> FolderPlan:
             if allowed and not resume:
@@ -144,7 +154,7 @@ class Trainer:
             if plan.checkpoint is not None:
                 check_config(plan.checkpoint, config, allowed)
                 check_data(plan.checkpoint, prepared.identity if prepared is not None else None, config.data.source,
-                           allowed)
+                           allowed, stream=layout)
                 check_launch(plan.checkpoint, fsdp=acc.distributed_type == "FSDP")
             return plan
 
@@ -159,6 +169,10 @@ class Trainer:
         # where the data stopped: the sequences consumed, recorded since runs record a data position
         position = self.state.get("data") if isinstance(self.state.get("data"), dict) else {}
         start_sequences = position.get("sequences") if isinstance(position.get("sequences"), int) else None
+        # a stream goes on from where this process stood, under the layout its positions belong to (check_data
+        # refused another one unless --allow-config-change data, which reads the stream again from its start)
+        stream_state = (position["processes"][acc.process_index]
+                        if layout is not None and position.get("stream") == layout else None)
 
         documents = None if config.data.streaming or prepared is not None else list(iter_documents(config.data))
         train_docs = None
@@ -172,7 +186,8 @@ class Trainer:
                              f"{len(self.tokenizer)}; train from the folder the run was started on")
         self.data = prepare_data(config, self.tokenizer, acc.num_processes, acc.process_index, self.start_step,
                                  documents, prepared=prepared, start_sequences=start_sequences,
-                                 order_cache=self.folder.data_order, pin_memory=acc.device.type == "cuda")
+                                 order_cache=self.folder.data_order, pin_memory=acc.device.type == "cuda",
+                                 stream=stream, stream_state=stream_state)
         self.accum = accumulation_steps(config, acc.num_processes)
         self.tokens_per_step = t.batch_size * self.accum * acc.num_processes * config.data.seq_len
 
@@ -283,9 +298,6 @@ class Trainer:
         self.optimizer.zero_grad(set_to_none=True)
         self.state["step"] = step
         self.state["tokens"] += self.tokens_per_step
-        position = self.data.position(step)
-        if position is not None:
-            self.state["data"] = position
         self._window_steps += 1
         return StepResult(loss, grad_norm, lr, updated)
 
@@ -412,6 +424,14 @@ class Trainer:
                             held_out_record(self.config.data, self.data.validation_documents))
         return args
 
+    def _data_position(self, step: int) -> dict[str, Any]:
+        """The data position a checkpoint of ``step`` records, taken now (for a stream, every process's place in
+        it, gathered: a collective). Taken only when a checkpoint is written."""
+        position = self.data.position(step)
+        if "processes" in position:
+            position["processes"] = _gathered(self.accelerator, position["processes"])
+        return position
+
     def _save_model(self, folder: Path) -> None:
         acc = self.accelerator
         state_dict = acc.get_state_dict(self.model)  # gathers FSDP shards; every process must call it
@@ -437,6 +457,7 @@ class Trainer:
         acc.wait_for_everyone()
         if step is not None:
             acc.save_state(str(staged / ACCELERATE_STATE))
+            self.state["data"] = self._data_position(step)
         self._save_model(staged)
         acc.wait_for_everyone()
         # on every process, so that their guards agree; before the state is saved, as it resets the counters
@@ -445,6 +466,15 @@ class Trainer:
                             keep=self.config.train.keep_checkpoints)
         acc.wait_for_everyone()
         return target
+
+
+def _gathered(accelerator: Any, items: list[Any]) -> list[Any]:
+    """Every process's ``items``, in process order (a collective: every process calls it)."""
+    if accelerator.num_processes == 1:
+        return items
+    from accelerate.utils import gather_object
+
+    return gather_object(items)
 
 
 def _counted_labels(batch: dict[str, torch.Tensor]) -> int:
