@@ -48,6 +48,7 @@ from rotarium.training.build import (
     prepare_tokenizer,
 )
 from rotarium.training.config import Config, flatten
+from rotarium.training.flops import flops_per_token, peak_flops
 from rotarium.training.guard import LossGuard
 from rotarium.training.optim import build_optimizer, clip_norm, set_learning_rate
 from rotarium.training.resume import check_allowed_keys, check_config, check_data, check_launch
@@ -192,6 +193,9 @@ class Trainer:
         self.tokens_per_step = t.batch_size * self.accum * acc.num_processes * config.data.seq_len
 
         model = build_model(config, self.tokenizer)
+        # counted before accelerate shards the weights; the peak only where one is known (on CUDA)
+        self.flops_per_token = flops_per_token(model, config.data.seq_len)
+        self.peak_flops = peak_flops(torch.cuda.get_device_name(acc.device)) if acc.device.type == "cuda" else None
         self.guard = LossGuard(t.spike_factor, t.spike_window, model.config.vocab_size, self.state)
         if config.model.gradient_checkpointing:
             set_activation_checkpointing(model)
@@ -243,7 +247,8 @@ class Trainer:
         acc.wait_for_everyone()
         if self.start_step == 0:
             self._log({"step": 0, "event": "start", "world_size": acc.num_processes,
-                       "first_batch_fingerprints": self._fingerprints()})
+                       "first_batch_fingerprints": self._fingerprints(), "flops_per_token": self.flops_per_token,
+                       "peak_flops_per_process": self.peak_flops})
             self.evaluate(0)
         self._bar = tqdm(total=t.max_steps, initial=self.start_step, disable=not acc.is_main_process, desc="train",
                          dynamic_ncols=True)
@@ -324,16 +329,23 @@ class Trainer:
 
     def log_step(self, step: int, result: StepResult) -> None:
         """The training record of ``step``: the mean loss of the steps updated since the last record, the
-        throughput over them, and ``data_wait_seconds``, the mean time a step of them waited for its batches (this
-        process's; a run bound by reading its data shows it here)."""
+        throughput over them (tokens and FLOPs per second of all processes, :mod:`rotarium.training.flops`, and on
+        a GPU of known peak the model FLOPs utilisation ``mfu``), and ``data_wait_seconds``, the mean time a step of
+        them waited for its batches (this process's; a run bound by reading its data shows it here)."""
         elapsed = time.perf_counter() - self._window_start
         window = self._window
+        tokens_per_second = self.tokens_per_step * max(1, len(window)) / max(elapsed, 1e-9)
         record = {"step": step, "loss": sum(window) / len(window) if window else float("nan"), "lr": result.lr,
                   "grad_norm": result.grad_norm, "tokens": self.state["tokens"],
-                  "tokens_per_second": self.tokens_per_step * max(1, len(window)) / max(elapsed, 1e-9),
+                  "tokens_per_second": tokens_per_second,
+                  "flops_per_second": self.flops_per_token * tokens_per_second,
                   "data_wait_seconds": self._data_wait / max(1, self._window_steps)}
+        throughput = {"flops": _flops(record["flops_per_second"])}
+        if self.peak_flops is not None:
+            record["mfu"] = record["flops_per_second"] / (self.peak_flops * self.accelerator.num_processes)
+            throughput = {"mfu": f"{record['mfu']:.1%}"}
         self._bar.set_postfix(loss=f"{record['loss']:.3f}", lr=f"{result.lr:.2e}",
-                              tok_s=f"{record['tokens_per_second']:.0f}",
+                              tok_s=f"{record['tokens_per_second']:.0f}", **throughput,
                               data_wait=f"{record['data_wait_seconds'] * 1e3:.1f}ms")
         self._log(record)
         self._window, self._window_start = [], time.perf_counter()
@@ -466,6 +478,11 @@ class Trainer:
                             keep=self.config.train.keep_checkpoints)
         acc.wait_for_everyone()
         return target
+
+
+def _flops(value: float) -> str:
+    """FLOP/s as the progress bar shows them: ``312.4T``, ``1.25G``."""
+    return f"{value / 1e12:.1f}T" if value >= 1e12 else f"{value / 1e9:.2f}G"
 
 
 def _gathered(accelerator: Any, items: list[Any]) -> list[Any]:
