@@ -381,6 +381,10 @@ def map_fla_config(model_type: str, config: Any) -> tuple[str, dict[str, Any]]:
     return "transformer", {**attention, "position_encoding": "rope", "rope_theta": config.rope_theta}
 
 
+# longrope's per-pair factors come with Phi-3's other differences, which this conversion does not cover
+LLAMA_ROPE_TYPES = ("default", "linear", "dynamic", "yarn", "llama3")
+
+
 def map_llama_config(config: Any) -> tuple[str, dict[str, Any]]:
     """``("transformer", rotarium config kwargs)`` of a transformers ``LlamaConfig``."""
     _require("llama", "hidden_act", config.hidden_act, ("silu",), "the feed-forward network is SwiGLU")
@@ -388,8 +392,9 @@ def map_llama_config(config: Any) -> tuple[str, dict[str, Any]]:
              "Llama's attention bias includes o_proj, which has none in rotarium")
     _require("llama", "mlp_bias", config.mlp_bias, (False,), "the feed-forward network has no biases")
     rope = dict(config.rope_parameters or {})
-    _require("llama", "rope_parameters.rope_type", rope.get("rope_type", "default"), ("default",),
-             "RoPE is unscaled")
+    rope_type = rope.get("rope_type", "default")
+    _require("llama", "rope_parameters.rope_type", rope_type, LLAMA_ROPE_TYPES,
+             "rotarium computes these scalings with transformers' own functions")
     _require("llama", "rope_parameters.partial_rotary_factor", rope.get("partial_rotary_factor", 1.0), (1.0,),
              "Llama's rotary dims are the whole head")
     return "transformer", {
@@ -400,7 +405,10 @@ def map_llama_config(config: Any) -> tuple[str, dict[str, Any]]:
         "initializer_range": config.initializer_range, "tie_word_embeddings": config.tie_word_embeddings,
         "max_position_embeddings": config.max_position_embeddings, "use_cache": config.use_cache,
         "pad_token_id": config.pad_token_id, "bos_token_id": config.bos_token_id,
-        "eos_token_id": config.eos_token_id, "position_encoding": "rope", "rope_theta": rope["rope_theta"]}
+        "eos_token_id": config.eos_token_id, "position_encoding": "rope", "rope_theta": rope["rope_theta"],
+        # the scaling's own keys; rope_theta and partial_rotary_factor are fields of their own
+        "rope_parameters": {key: value for key, value in rope.items()
+                            if key not in ("rope_theta", "partial_rotary_factor", "type")} or None}
 
 
 # fla / Llama parameter names -> rotarium's, applied in order to every key

@@ -69,7 +69,7 @@ class SoftmaxAttention(nn.Module):
             self.ogate_proj = nn.Linear(hidden_size, num_heads * self.head_dim, bias=False)
         self.positional = build_positional(positional, HeadDims(
             hidden_size, num_heads, num_kv_heads, self.head_dim, self.head_dim, mixer_has_decay=forget_gate,
-            heads_major=True))
+            heads_major=True, softmax=True))
 
     def forward(self, hidden_states: torch.Tensor, seq: SequenceInfo, state: dict | None = None,
                 use_cache: bool = False, output_attentions: bool = False) -> tuple:

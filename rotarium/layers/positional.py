@@ -15,6 +15,7 @@ themselves (q and k on pairs ``(i, i + R/2)``, RoVE's values on adjacent pairs) 
 from __future__ import annotations
 
 import functools
+import json
 import math
 from dataclasses import asdict, dataclass, fields
 from typing import ClassVar
@@ -22,6 +23,7 @@ from typing import ClassVar
 import torch
 import torch.nn.functional as F
 from torch import nn
+from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS, RotaryEmbeddingConfigMixin
 
 from rotarium.layers.conv import ShortConvolution
 from rotarium.layers.sequence import SequenceInfo
@@ -32,6 +34,10 @@ from rotarium.ops.rotary import rotate_adjacent_pairs, rotate_half_pairs
 
 POSITION_ENCODINGS = ("nope", "rope", "rove", "selective_rope")
 SPECTRA = ("rope", "rfa")
+# transformers' RoPE scalings; "default" (or no `rope_parameters`) is unscaled RoPE
+ROPE_SCALINGS = ("linear", "dynamic", "yarn", "llama3", "longrope")
+# the scalings whose frequencies depend on the length of the sequence at hand (transformers' `dynamic_rope_update`)
+LENGTH_DEPENDENT_SCALINGS = ("dynamic", "longrope")
 
 
 @dataclass
@@ -41,6 +47,9 @@ class PositionalSettings:
     position_encoding: str = "nope"
     rope_theta: float = 10000.0
     partial_rotary_factor: float = 1.0
+    # transformers' RoPE scaling (`rope_type` and its keys); its original length defaults to max_position_embeddings
+    rope_parameters: dict | None = None
+    max_position_embeddings: int = 2048
     # Selective RoPE (Movahedi et al., "Selective Rotary Position Embedding", ICLR 2026; docs/design.md §3.4)
     selective_rope_rank: int | None = 32  # None: a per-head weight-normalised full-rank angle projection
     # With rank None: one gain per head (the reference code's ChunkedLinear) instead of one per head and output pair
@@ -69,9 +78,21 @@ class PositionalSettings:
     def to_dict(self) -> dict:
         return asdict(self)
 
+    def rope_scaling(self) -> dict | None:
+        """``rope_parameters`` as transformers' functions read them (``rope_type``, its keys, ``rope_theta``), or None
+        where RoPE is unscaled. The legacy key ``type`` (of the deprecated ``rope_scaling``) reads as ``rope_type``."""
+        parameters = dict(self.rope_parameters or {})
+        rope_type = parameters.pop("rope_type", None) or parameters.pop("type", None) or "default"
+        parameters.pop("type", None)
+        if rope_type == "default":
+            return None
+        parameters.pop("partial_rotary_factor", None)  # the view's head size is the rotated size itself
+        return {**parameters, "rope_type": rope_type, "rope_theta": float(self.rope_theta)}
+
     def validate(self) -> None:
         if self.position_encoding not in POSITION_ENCODINGS:
             raise ValueError(f"`position_encoding` must be one of {POSITION_ENCODINGS}, got {self.position_encoding!r}")
+        self._validate_rope_parameters()
         if not 0 < self.partial_rotary_factor <= 1:
             raise ValueError(f"`partial_rotary_factor` must be in (0, 1], got {self.partial_rotary_factor}")
         if self.rope_theta <= 1:
@@ -101,6 +122,39 @@ class PositionalSettings:
         if self.selective_rope_tau_max <= 0:
             raise ValueError(f"`selective_rope_tau_max` must be > 0, got {self.selective_rope_tau_max}")
 
+    def _validate_rope_parameters(self) -> None:
+        if self.rope_parameters is not None and not isinstance(self.rope_parameters, dict):
+            raise ValueError("`rope_parameters` must be a dict such as {\"rope_type\": \"yarn\", \"factor\": 4.0} or "
+                             f"None, got {self.rope_parameters!r}")
+        if not isinstance(self.max_position_embeddings, int) or self.max_position_embeddings < 1:
+            raise ValueError(f"`max_position_embeddings` must be a positive integer, got "
+                             f"{self.max_position_embeddings!r}")
+        parameters = self.rope_parameters or {}
+        # transformers keeps rope_theta and partial_rotary_factor inside the dict; rotarium's fields are the truth
+        for name in ("rope_theta", "partial_rotary_factor"):
+            if name in parameters and parameters[name] is not None and \
+                    float(parameters[name]) != float(getattr(self, name)):
+                raise ValueError(f"`rope_parameters.{name}` = {parameters[name]} disagrees with the field `{name}` = "
+                                 f"{getattr(self, name)}; set `{name}` and leave it out of `rope_parameters`")
+        scaling = self.rope_scaling()
+        if scaling is None:
+            return
+        if scaling["rope_type"] not in ROPE_SCALINGS:
+            raise ValueError(f"`rope_parameters.rope_type` must be \"default\" or one of {ROPE_SCALINGS}, got "
+                             f"{scaling['rope_type']!r}")
+        if self.position_encoding == "nope":
+            raise ValueError("`rope_parameters` scales RoPE's frequencies: `position_encoding=\"nope\"` has none; use "
+                             "\"rope\" or \"rove\", or leave `rope_parameters` unset")
+        if self.position_encoding == "selective_rope":
+            # docs/design.md §3.5: a scaling maps the training length to a number of turns per frequency; Selective
+            # RoPE's angle is a learned running sum, whose turns over a context depend on the text, not its length
+            raise ValueError(
+                "`rope_parameters` (RoPE scaling: linear, NTK, YaRN, ...) does not apply to "
+                "`position_encoding=\"selective_rope\"`: its angle tau_i * theta_t is a learned running sum of "
+                "per-token rates, not position * frequency, so no frequency has a fixed number of turns over the "
+                "training length to interpolate; its decay, not its spectrum, sets its range. Leave "
+                "`rope_parameters` unset")
+
 
 @dataclass
 class HeadDims:
@@ -116,6 +170,8 @@ class HeadDims:
     # are then written head-major ([B, H, T, D] in memory, handed over as [B, T, H, D] views), which spares the
     # kernel a copy of each. The chunked linear kernels relayout into chunks anyway and gain nothing from it.
     heads_major: bool = False
+    # A RoPE scaling's attention factor (YaRN's mscale) tempers a softmax; the linear mixers have none (§3.5)
+    softmax: bool = False
 
 
 @dataclass
@@ -144,6 +200,48 @@ def rope_frequencies(dim: int, base: float) -> torch.Tensor:
 @functools.lru_cache(maxsize=64)
 def _frequencies_on(dim: int, base: float, device: torch.device) -> torch.Tensor:
     return rope_frequencies(dim, base).float().to(device)
+
+
+class RopeConfigView(RotaryEmbeddingConfigMixin):
+    """What transformers' RoPE functions read of a model config, for one rotation of ``dim`` features: its head size
+    is ``dim`` with ``partial_rotary_factor`` 1 (transformers rotates ``int(head_dim * partial_rotary_factor)``
+    features, which is ``dim``), so the same view serves RoPE's keys and RoVE's values. transformers' own
+    standardisation fills ``original_max_position_embeddings`` from ``max_position_embeddings``."""
+
+    def __init__(self, scaling: dict, dim: int, max_position_embeddings: int):
+        self.rope_parameters = {**scaling, "partial_rotary_factor": 1.0}
+        self.head_dim, self.hidden_size, self.num_attention_heads = dim, dim, 1
+        self.max_position_embeddings = max_position_embeddings
+        self.standardize_rope_params()
+
+
+@functools.lru_cache(maxsize=64)
+def _scaled_rope(scaling_json: str, dim: int, max_position_embeddings: int, seq_len: int | None
+                 ) -> tuple[torch.Tensor, float]:
+    scaling = json.loads(scaling_json)
+    view = RopeConfigView(scaling, dim, max_position_embeddings)
+    with torch.device("cpu"):  # also under the meta device the configs build their layers on
+        kwargs = {} if seq_len is None else {"seq_len": seq_len}
+        frequencies, attention_factor = ROPE_INIT_FUNCTIONS[scaling["rope_type"]](view, torch.device("cpu"), **kwargs)
+    return frequencies.float(), float(attention_factor)
+
+
+@functools.lru_cache(maxsize=64)
+def _scaled_frequencies_on(scaling_json: str, dim: int, max_position_embeddings: int, seq_len: int | None,
+                           device: torch.device) -> torch.Tensor:
+    return _scaled_rope(scaling_json, dim, max_position_embeddings, seq_len)[0].to(device)
+
+
+def scaled_rope(scaling: dict, dim: int, max_position_embeddings: int, seq_len: int | None = None
+                ) -> tuple[torch.Tensor, float]:
+    """transformers' frequencies ``[dim/2]`` (float32, CPU) and attention factor of the scaling ``scaling`` (a
+    :meth:`PositionalSettings.rope_scaling`) over ``dim`` rotated features; ``seq_len`` is the length at hand for the
+    length-dependent scalings (``dynamic``, ``longrope``)."""
+    try:
+        return _scaled_rope(json.dumps(scaling, sort_keys=True), dim, max_position_embeddings, seq_len)
+    except KeyError as missing:
+        raise ValueError(f"`rope_parameters` of rope_type {scaling['rope_type']!r} needs the key {missing}; see "
+                         "transformers' `RopeParameters` for each type's keys") from None
 
 
 class PositionalEncoding(nn.Module):
@@ -206,10 +304,30 @@ class RoPE(PositionalEncoding):
                 "`partial_rotary_factor` that makes it even"
             )
         self._rotary_dim = rotary_dim
+        self._scaling = settings.rope_scaling()
+        self._scaling_json = None if self._scaling is None else json.dumps(self._scaling, sort_keys=True)
+        self._attention_factor = 1.0
+        if self._scaling is not None:
+            # computed once here, so that a missing key fails at construction; no factor depends on the length
+            _, factor = scaled_rope(self._scaling, rotary_dim, settings.max_position_embeddings)
+            self._attention_factor = factor if dims.softmax else 1.0
 
     @property
     def rotary_dim(self) -> int:
         return self._rotary_dim
+
+    @property
+    def attention_factor(self) -> float:
+        """The scaling's factor on each of q and k (their logits take its square, as in transformers); 1 unscaled
+        and on mixers without a softmax."""
+        return self._attention_factor
+
+    def scaling_length(self, positions: torch.Tensor) -> int | None:
+        """The length the length-dependent scalings see: the last position plus one (transformers'
+        ``dynamic_rope_update``, computed per call rather than kept from the longest call so far)."""
+        if self._scaling is None or self._scaling["rope_type"] not in LENGTH_DEPENDENT_SCALINGS:
+            return None
+        return int(positions.max().item()) + 1
 
     def positions(self, seq: SequenceInfo, state: dict | None) -> tuple[torch.Tensor, dict]:
         """Each token's position ``[B or 1, T, 1, 1]`` float32, and the state holding the next position of each row.
@@ -224,17 +342,22 @@ class RoPE(PositionalEncoding):
             positions = positions[:1]
         return positions.float()[:, :, None, None], new_state
 
-    def frequencies(self, dim: int, device: torch.device) -> torch.Tensor:
-        """``[dim/2]`` float32 on ``device``. Kept once per (size, base, device) for the whole process rather than in
-        a buffer: a buffer would need re-initialising whenever transformers materialises the model from the meta
-        device, and a fresh copy per layer and step would be a host-to-device transfer each time."""
-        return _frequencies_on(dim, float(self.settings.rope_theta), torch.device(device))
+    def frequencies(self, dim: int, device: torch.device, seq_len: int | None = None) -> torch.Tensor:
+        """``[dim/2]`` float32 on ``device``, scaled by ``rope_parameters`` where set (transformers' functions;
+        ``seq_len`` from :meth:`scaling_length`). Kept once per (size, base, scaling, device) for the whole process
+        rather than in a buffer: a buffer would need re-initialising whenever transformers materialises the model
+        from the meta device, and a fresh copy per layer and step would be a host-to-device transfer each time."""
+        if self._scaling_json is None:
+            return _frequencies_on(dim, float(self.settings.rope_theta), torch.device(device))
+        return _scaled_frequencies_on(self._scaling_json, dim, self.settings.max_position_embeddings, seq_len,
+                                      torch.device(device))
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, x: torch.Tensor, seq: SequenceInfo,
                 state: dict | None) -> Encoded:
         positions, new_state = self.positions(seq, state)
-        angles = positions * self.frequencies(self._rotary_dim, q.device)
-        return Encoded(*rotate_half_pairs(angles, q, k, heads_major=self.dims.heads_major), v, None, new_state)
+        angles = positions * self.frequencies(self._rotary_dim, q.device, self.scaling_length(positions))
+        q, k = rotate_half_pairs(angles, q, k, heads_major=self.dims.heads_major, scale=self._attention_factor)
+        return Encoded(q, k, v, None, new_state)
 
 
 class RoVE(RoPE):
@@ -249,14 +372,24 @@ class RoVE(RoPE):
         super().__init__(settings, dims)
         if dims.head_v_dim % 2:
             raise ValueError(f"RoVE rotates value pairs: the value head size must be even, got {dims.head_v_dim}")
+        scaling = self._scaling
+        if scaling is not None and scaling["rope_type"] == "longrope" and dims.head_v_dim != self._rotary_dim:
+            raise ValueError(
+                "`rope_parameters` of rope_type \"longrope\" lists one factor per rotated key pair "
+                f"({self._rotary_dim // 2}); RoVE would need as many for its {dims.head_v_dim // 2} value pairs: use "
+                "a value head size equal to the rotary size, or another rope_type (\"yarn\", \"linear\", ...)")
+        if scaling is not None:
+            scaled_rope(scaling, dims.head_v_dim, settings.max_position_embeddings)
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, x: torch.Tensor, seq: SequenceInfo,
                 state: dict | None) -> Encoded:
         positions, new_state = self.positions(seq, state)
-        qk_angles = positions * self.frequencies(self._rotary_dim, q.device)
-        v_angles = positions * self.frequencies(self.dims.head_v_dim, q.device)
+        seq_len = self.scaling_length(positions)
+        qk_angles = positions * self.frequencies(self._rotary_dim, q.device, seq_len)
+        # unit rotations with the scaled frequencies: the attention factor belongs to the logits alone (§3.5)
+        v_angles = positions * self.frequencies(self.dims.head_v_dim, q.device, seq_len)
         v_rotation = torch.complex(v_angles.cos(), v_angles.sin())  # torch.polar's CPU kernel is slower
-        q, k = rotate_half_pairs(qk_angles, q, k, heads_major=self.dims.heads_major)
+        q, k = rotate_half_pairs(qk_angles, q, k, heads_major=self.dims.heads_major, scale=self._attention_factor)
         return Encoded(q, k, rotate_adjacent_pairs(v, v_rotation), None, new_state, value_rotation=v_rotation)
 
 

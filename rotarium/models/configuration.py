@@ -61,7 +61,8 @@ class RotariumConfig(PretrainedConfig):
             Whether the LM head shares the embedding's weights.
         max_position_embeddings (`int`, *optional*, defaults to 2048):
             The context length the model is trained at. No positional option limits the length; the evaluation of
-            length extrapolation reads it as the training length.
+            length extrapolation reads it as the training length, and a RoPE scaling as its original length unless
+            `rope_parameters` names `original_max_position_embeddings`.
         use_cache (`bool`, *optional*, defaults to `True`):
             Whether `forward` returns a `RotariumCache` when not told otherwise (never in training or on packed
             inputs).
@@ -78,6 +79,13 @@ class RotariumConfig(PretrainedConfig):
             Base of the RoPE and RoVE frequencies `base^(-2i/D)`.
         partial_rotary_factor (`float`, *optional*, defaults to 1.0):
             Fraction of each query and key head's features that RoPE and RoVE rotate, in (0, 1].
+        rope_parameters (`dict`, *optional*):
+            transformers' RoPE scaling of RoPE and RoVE: `rope_type` (`"default"`, `"linear"`, `"dynamic"`,
+            `"yarn"`, `"llama3"` or `"longrope"`) and that type's keys (`factor`, ...), e.g.
+            `{"rope_type": "yarn", "factor": 4.0}`, computed by transformers' own functions; the deprecated
+            `rope_scaling` reads into it. Settable at load time without retraining
+            (`from_pretrained(path, rope_parameters=...)`). YaRN's attention factor applies to softmax mixers'
+            logits only. Not for Selective RoPE (docs/design.md §3.5).
         selective_rope_rank (`int`, *optional*, defaults to 32):
             Rank of Selective RoPE's angle projection `W_2 W_1`. `None`: a full-rank projection per head, with
             weight normalisation.
@@ -133,7 +141,7 @@ class RotariumConfig(PretrainedConfig):
         norm_eps: float = 1e-6,
         initializer_range: float = 0.02,
         tie_word_embeddings: bool = False,
-        max_position_embeddings: int = 2048,
+        max_position_embeddings: int = POSITIONAL_DEFAULTS.max_position_embeddings,
         use_cache: bool = True,
         pad_token_id: int | None = None,
         bos_token_id: int | None = 1,
@@ -141,6 +149,7 @@ class RotariumConfig(PretrainedConfig):
         position_encoding: str = POSITIONAL_DEFAULTS.position_encoding,
         rope_theta: float = POSITIONAL_DEFAULTS.rope_theta,
         partial_rotary_factor: float = POSITIONAL_DEFAULTS.partial_rotary_factor,
+        rope_parameters: dict | None = POSITIONAL_DEFAULTS.rope_parameters,
         selective_rope_rank: int | None = POSITIONAL_DEFAULTS.selective_rope_rank,
         selective_rope_gain_per_head: bool = POSITIONAL_DEFAULTS.selective_rope_gain_per_head,
         selective_rope_conv_size: int = POSITIONAL_DEFAULTS.selective_rope_conv_size,
@@ -172,6 +181,8 @@ class RotariumConfig(PretrainedConfig):
         self.position_encoding = position_encoding
         self.rope_theta = rope_theta
         self.partial_rotary_factor = partial_rotary_factor
+        # before transformers' init, which reads the deprecated `rope_scaling` into it and standardises it in place
+        self.rope_parameters = None if rope_parameters is None else dict(rope_parameters)
         self.selective_rope_rank = selective_rope_rank
         self.selective_rope_gain_per_head = selective_rope_gain_per_head
         self.selective_rope_conv_size = selective_rope_conv_size

@@ -60,9 +60,12 @@ class _RotateHalf(torch.autograd.Function):
     passes over q and k several times more."""
 
     @staticmethod
-    def forward(ctx, angles: torch.Tensor, heads_major: bool, *xs: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    def forward(ctx, angles: torch.Tensor, heads_major: bool, scale: float, *xs: torch.Tensor
+                ) -> tuple[torch.Tensor, ...]:
         compute = torch.promote_types(xs[0].dtype, torch.float32)  # bf16 would lose the angle's precision
         cos, sin = angles.cos().to(compute), angles.sin().to(compute)
+        if scale != 1.0:  # the map stays linear in x, and d out / d angle = (-out2, out1) still holds
+            cos, sin = cos.mul_(scale), sin.mul_(scale)
         layouts = _per_head(cos, sin, xs, heads_major)
         outs = tuple(_rotate(x, *layouts[x.shape[2]], heads_major=heads_major) for x in xs)
         ctx.angles_shape = angles.shape
@@ -76,7 +79,7 @@ class _RotateHalf(torch.autograd.Function):
         # token-major: the gradients go on to the projections' matmuls, which read [B * T, H * D]
         layouts = _per_head(cos, sin, grads, heads_major=False)
         grad_xs = [None if g is None or not needed else _rotate(g, *layouts[g.shape[2]], inverse=True)
-                   for g, needed in zip(grads, ctx.needs_input_grad[2:])]
+                   for g, needed in zip(grads, ctx.needs_input_grad[3:])]
         grad_angles = None
         if ctx.needs_input_grad[0]:
             half = sin.shape[-1]
@@ -90,19 +93,21 @@ class _RotateHalf(torch.autograd.Function):
                     grad_angles = term if grad_angles is None else grad_angles.add_(term)
                 else:  # same shape as the first: accumulate in place
                     grad_angles.addcmul_(g2, out1).addcmul_(g1, out2, value=-1.0)
-        return grad_angles, None, *grad_xs
+        return grad_angles, None, None, *grad_xs
 
 
-def rotate_half_pairs(angles: torch.Tensor, *xs: torch.Tensor, heads_major: bool = False) -> tuple[torch.Tensor, ...]:
+def rotate_half_pairs(angles: torch.Tensor, *xs: torch.Tensor, heads_major: bool = False,
+                      scale: float = 1.0) -> tuple[torch.Tensor, ...]:
     """Rotates pairs ``(i, i + R/2)`` of the first ``R = 2 * angles.shape[-1]`` features of each x by ``angles``.
 
     xs: ``[B, T, H, D]`` each (q and k: the heads may differ when angles broadcast over them); angles:
     ``[B or 1, T, H or 1, R/2]`` float32 (differentiable: Selective RoPE learns them). Computed in at least float32,
     returned in each x's dtype; features past ``R`` pass through untouched. With ``heads_major`` the outputs are
     ``[B, T, H, D]`` views of ``[B, H, T, D]`` memory, which spares a kernel that reads each head as one ``[T, D]``
-    matrix (blockwise attention, SDPA) a copy.
+    matrix (blockwise attention, SDPA) a copy. ``scale`` multiplies the rotated features (cos and sin, as
+    transformers applies a RoPE scaling's attention factor), never the features past ``R``.
     """
-    return _RotateHalf.apply(angles, heads_major, *xs)
+    return _RotateHalf.apply(angles, heads_major, float(scale), *xs)
 
 
 def rotate_adjacent_pairs(x: torch.Tensor, rotation: torch.Tensor) -> torch.Tensor:

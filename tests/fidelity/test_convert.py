@@ -136,6 +136,40 @@ def test_fla_transformer_with_qk_norm_converts_to_qwen3s_logits(tmp_path):
     assert (converted_logits(tmp_path / "fla", tmp_path / "rotarium", ids) - expected).abs().max().item() <= ATOL
 
 
+# Each scaling transformers' Llama reads, with an original length of 32 and a non-default key where it has one; the
+# logits are compared at 4x that length, where every scaling departs from plain RoPE.
+ORIGINAL_LENGTH = 32
+SCALED_LLAMAS = [
+    pytest.param({"rope_type": "linear", "factor": 4.0}, id="linear"),
+    pytest.param({"rope_type": "dynamic", "factor": 4.0}, id="dynamic"),
+    pytest.param({"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": ORIGINAL_LENGTH}, id="yarn"),
+    pytest.param({"rope_type": "yarn", "factor": 4.0, "beta_fast": 16, "attention_factor": 1.2}, id="yarn-keys"),
+    pytest.param({"rope_type": "llama3", "factor": 4.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                  "original_max_position_embeddings": ORIGINAL_LENGTH}, id="llama3"),
+]
+
+
+@pytest.mark.parametrize("scaling", SCALED_LLAMAS)
+def test_scaled_llama_converts_to_the_same_logits_at_four_times_its_length(tmp_path, scaling):
+    llama = tiny_reference(LlamaForCausalLM, LlamaConfig(
+        **TINY_LLAMA, max_position_embeddings=ORIGINAL_LENGTH,
+        rope_parameters={**scaling, "rope_theta": 500.0}))
+    llama.save_pretrained(tmp_path / "llama")
+    ids = torch.randint(0, 128, (BATCH, 4 * ORIGINAL_LENGTH), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        expected = llama(ids).logits
+    got = converted_logits(tmp_path / "llama", tmp_path / "rotarium", ids)
+    assert (got - expected).abs().max().item() <= ATOL
+    config = json.loads((tmp_path / "rotarium" / "config.json").read_text())
+    assert config["rope_parameters"]["rope_type"] == scaling["rope_type"]
+    # and unscaled, the converted model would not have matched: the scaling is what the comparison checks
+    unscaled = LlamaForCausalLM(LlamaConfig(**TINY_LLAMA, max_position_embeddings=ORIGINAL_LENGTH,
+                                            rope_theta=500.0)).float().eval()
+    unscaled.load_state_dict(llama.state_dict())
+    with torch.no_grad():
+        assert (unscaled(ids).logits - expected).abs().max().item() > 10 * ATOL
+
+
 @pytest.mark.parametrize("tied", [False, True])
 def test_llama_converts_to_the_same_logits_with_its_tokenizer(tmp_path, tied):
     llama = tiny_reference(LlamaForCausalLM, LlamaConfig(**TINY_LLAMA, rope_theta=500000.0, tie_word_embeddings=tied))
@@ -213,7 +247,8 @@ def edit_config(folder: Path, **changes: object) -> None:
 @pytest.mark.parametrize(("changes", "field"), [
     ({"hidden_act": "gelu"}, "hidden_act"), ({"attention_bias": True}, "attention_bias"),
     ({"mlp_bias": True}, "mlp_bias"),
-    ({"rope_parameters": {"rope_type": "linear", "factor": 2.0, "rope_theta": 10000.0}}, "rope_parameters.rope_type"),
+    ({"rope_parameters": {"rope_type": "longrope", "short_factor": [1.0] * 8, "long_factor": [2.0] * 8,
+                          "rope_theta": 10000.0}}, "rope_parameters.rope_type"),
 ])
 def test_inexpressible_llama_options_raise_naming_the_field(tmp_path, changes, field):
     LlamaForCausalLM(LlamaConfig(**TINY_LLAMA)).save_pretrained(tmp_path / "llama")

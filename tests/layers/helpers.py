@@ -11,7 +11,7 @@ HIDDEN, HEADS = 32, 4
 
 
 def make_mixer(family: str, position_encoding: str, **overrides) -> torch.nn.Module:
-    positional = {k: overrides.pop(k) for k in list(overrides) if k.startswith(("selective", "rope", "partial"))}
+    positional = {k: overrides.pop(k) for k in list(overrides) if k.startswith(("selective", "rope", "partial", "max_position"))}
     settings = PositionalSettings(position_encoding=position_encoding, **positional)
     kwargs = {"hidden_size": HIDDEN, "num_heads": HEADS, "positional": settings}
     if family == "transformer":
