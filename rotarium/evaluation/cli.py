@@ -25,7 +25,37 @@ def load_for(args: argparse.Namespace) -> tuple[PreTrainedModel, PreTrainedToken
 
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")  # checked where the command starts
     name = args.dtype if args.dtype != "auto" else ("bfloat16" if torch.device(device).type == "cuda" else "float32")
-    return load_checkpoint(args.model, device=device, dtype=getattr(torch, name))
+    scaling = getattr(args, "rope_scaling", None)
+    overrides = {"rope_parameters": check_rope_scaling(args.model, scaling)} if scaling else {}
+    return load_checkpoint(args.model, device=device, dtype=getattr(torch, name), **overrides)
+
+
+def check_rope_scaling(model: str, text: str) -> dict:
+    """``--rope-scaling``'s JSON as ``rope_parameters``, checked against the checkpoint's config before its weights
+    load; its original length defaults to the checkpoint's ``max_position_embeddings``, the training length."""
+    from transformers import AutoConfig
+
+    import rotarium  # noqa: F401  (registers the Auto classes)
+    from rotarium.models import RotariumConfig
+
+    try:
+        scaling = json.loads(text)
+    except json.JSONDecodeError as error:
+        raise ValueError(f"--rope-scaling must be a JSON object such as '{{\"rope_type\": \"yarn\", \"factor\": 4}}'"
+                         f", got {text!r} ({error.msg})") from None
+    if not isinstance(scaling, dict) or "rope_type" not in scaling and "type" not in scaling:
+        raise ValueError("--rope-scaling must be a JSON object with a rope_type, such as "
+                         f"'{{\"rope_type\": \"yarn\", \"factor\": 4}}', got {text!r}")
+    config = AutoConfig.from_pretrained(model)
+    if not isinstance(config, RotariumConfig):
+        raise ValueError(  # noqa: TRY004  (a bad flag value: the command reports ValueErrors)
+            f"--rope-scaling applies to rotarium checkpoints; --model {model} is a {config.model_type}")
+    config.rope_parameters = scaling
+    try:
+        config.check()  # the settings' checks and the layers' own (a missing key of the scaling), on the meta device
+    except ValueError as error:
+        raise ValueError(f"--rope-scaling: {error}") from None
+    return scaling
 
 
 def run_eval(args: argparse.Namespace) -> int:
@@ -55,9 +85,10 @@ def run_eval(args: argparse.Namespace) -> int:
         (train_length * m for m in (1, 2, 4)) if train_length else (128, 256, 512))})
     tokens = evaluation_tokens(documents, tokenizer, max(args.max_tokens, *lengths))
     rows = perplexity_by_context(model, tokens, lengths, max_tokens=args.max_tokens, batch_size=args.batch_size)
-    print(f"{args.model} on {description} ({tokens.numel()} tokens):")
+    scaled = f" with RoPE scaling {args.rope_scaling}" if args.rope_scaling else ""
+    print(f"{args.model}{scaled} on {description} ({tokens.numel()} tokens):")
     print(format_table(rows, train_length))
-    table, plot = save_results(rows, output, title=f"{Path(args.model).name}: perplexity on {description}",
+    table, plot = save_results(rows, output, title=f"{Path(args.model).name}{scaled}: perplexity on {description}",
                                train_length=train_length)
     print(f"wrote {table} and {plot}")
     return 0
@@ -150,6 +181,11 @@ def add_commands(subparsers: argparse._SubParsersAction) -> None:
                     help="--tasks: examples in each prompt (default: each task's own, 0 for papers)")
     ev.add_argument("--include-path", default=None,
                     help="--tasks: a folder of lm-eval task YAML files (local tasks) to add to lm-eval's")
+    ev.add_argument("--rope-scaling", default=None, metavar="JSON",
+                    help="RoPE scaling at inference, without retraining, for RoPE and RoVE checkpoints: transformers' "
+                         "rope_parameters as JSON, e.g. '{\"rope_type\": \"yarn\", \"factor\": 4}' (also linear, "
+                         "dynamic, llama3, longrope); the original length defaults to the checkpoint's training "
+                         "length (max_position_embeddings); applies to perplexity, --ruler and --tasks alike")
     ev.set_defaults(func=run_eval)
 
     gen = subparsers.add_parser(

@@ -16,17 +16,18 @@ def check_model_path(path: str) -> None:
         raise ValueError(f"--model {path}: no such folder")
 
 
-def load_checkpoint(path: str, device: str | None = None, dtype: torch.dtype | None = None
-                    ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
-    """``(model, tokenizer)`` from a ``save_pretrained`` folder or Hub id, through the Auto classes; ``ValueError``
-    when its weights are unreadable or do not match its config (:func:`rotarium.models.load_pretrained`)."""
+def load_checkpoint(path: str, device: str | None = None, dtype: torch.dtype | None = None,
+                    **config_overrides: object) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    """``(model, tokenizer)`` from a ``save_pretrained`` folder or Hub id, through the Auto classes, with
+    ``config_overrides`` (e.g. ``rope_parameters``) set on its config; ``ValueError`` when its weights are unreadable
+    or do not match its config (:func:`rotarium.models.load_pretrained`)."""
     from transformers import AutoTokenizer
 
     import rotarium  # noqa: F401  (registers the Auto classes)
     from rotarium.models import load_pretrained
 
     check_model_path(path)
-    model = load_pretrained(path, flag="--model", dtype=dtype)
+    model = load_pretrained(path, flag="--model", dtype=dtype, **config_overrides)
     try:
         tokenizer = AutoTokenizer.from_pretrained(path)
     except (OSError, ValueError) as error:

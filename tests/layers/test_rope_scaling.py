@@ -80,6 +80,7 @@ def test_attention_factor_multiplies_the_rotated_features_of_q_and_k():
     angles = torch.arange(40.0)[None, :, None, None] * layer.frequencies(HEAD // 2, torch.device("cpu"))
     rq, rk = rotate_half_pairs(angles, q, k)
     torch.testing.assert_close(enc.q[..., :HEAD // 2], m * rq[..., :HEAD // 2])
+    torch.testing.assert_close(enc.k[..., :HEAD // 2], m * rk[..., :HEAD // 2])
     torch.testing.assert_close(enc.k[..., HEAD // 2:], k[..., HEAD // 2:])
     assert torch.equal(enc.v, v)
 
