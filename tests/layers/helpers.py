@@ -11,7 +11,8 @@ HIDDEN, HEADS = 32, 4
 
 
 def make_mixer(family: str, position_encoding: str, **overrides) -> torch.nn.Module:
-    positional = {k: overrides.pop(k) for k in list(overrides) if k.startswith(("selective", "rope", "partial", "max_position"))}
+    positional_prefixes = ("selective", "rope", "partial", "max_position")
+    positional = {k: overrides.pop(k) for k in list(overrides) if k.startswith(positional_prefixes)}
     settings = PositionalSettings(position_encoding=position_encoding, **positional)
     kwargs = {"hidden_size": HIDDEN, "num_heads": HEADS, "positional": settings}
     if family == "transformer":
