@@ -4,7 +4,8 @@
    held-out split, tokenising, writing the shards and metadata) with ``num_proc`` 1 and 2, against the tokenizer's
    own batch encode of the same documents already in memory on one core (``tokenizer(batch,
    add_special_tokens=False)``, tokenizers' thread pool off). Targets: at least 0.8x with one process, at least 1.5x
-   with two.
+   with two. The tokenizer (``--prepare-tokenizer``) is rotarium's BPE trained on the embedded corpus, or ``llama``,
+   a stand-in for the recipes' Llama-2 tokenizer built offline (:func:`llama_style_tokenizer`), or one named.
 
 2. resume: from process start to the first batch of a run resumed at step 10 and at step 1,000,000 of a prepared
    folder (``--resume-tokens``, random ids; sequences of 2048, 8 a step, the trainer's ``prepare_data`` with its
@@ -27,7 +28,8 @@ shards; only their layout matters to these rows.
 
 Each row is a function of ``ROWS`` returning whether it met its targets; the script exits 1 when one did not.
 Usage: ``python benchmarks/data.py [--rows prepare resume reading memory streaming] [--repeats 3] [--copies 20]
-[--memory-tokens 2000000000] [--stream-shards 200] [--stream-copies 16]``.
+[--prepare-tokenizer bpe|llama|NAME] [--vocab-size 4096] [--memory-tokens 2000000000] [--stream-shards 200]
+[--stream-copies 16]``.
 """
 from __future__ import annotations
 
@@ -68,8 +70,17 @@ def prepare_row(args: argparse.Namespace, work: Path) -> bool:
     documents = [f"{copy} {text}" for copy in range(args.copies) for text in embedded_documents()]
     source = work / "corpus.jsonl"
     source.write_text("".join(json.dumps({"text": d}) + "\n" for d in documents), encoding="utf-8")
-    train_bpe(embedded_documents(), args.vocab_size).save_pretrained(work / "tokenizer")
+    if args.prepare_tokenizer == "bpe":
+        train_bpe(embedded_documents(), args.vocab_size).save_pretrained(work / "tokenizer")
+        name = f"BPE of {args.vocab_size}"
+    elif args.prepare_tokenizer == "llama":
+        llama_style_tokenizer(embedded_documents(), args.vocab_size).save_pretrained(work / "tokenizer")
+        name = f"Llama-2-style BPE of {args.vocab_size} asked"
+    else:
+        load_tokenizer(args.prepare_tokenizer).save_pretrained(work / "tokenizer")
+        name = args.prepare_tokenizer
     tokenizer = load_tokenizer(str(work / "tokenizer"))
+    name += f", {len(tokenizer):,} tokens"
 
     def peer() -> int:
         return sum(len(ids) for start in range(0, len(documents), PEER_BATCH)
@@ -87,16 +98,40 @@ def prepare_row(args: argparse.Namespace, work: Path) -> bool:
     contenders = {"peer": peer, **{n: prepared(n) for n in PREPARE_TARGETS}}
     samples = time_rounds(contenders, args.repeats)  # the warm-up call also builds datasets' cache of the JSONL
     times = best(samples)
-    print(f"## prepare: {len(documents):,} documents, {tokens:,} tokens (BPE of {args.vocab_size}), "
+    text = sum(len(d.encode("utf-8")) for d in documents)
+    print(f"## prepare: {len(documents):,} documents, {text / 1e6:.1f} MB of text, {tokens:,} tokens ({name}), "
           f"{args.repeats} rounds")
-    print(f"tokenizer batch encode, one core: {tokens / times['peer'] / 1e6:.2f}M tokens/s")
+    print(f"tokenizer batch encode, one core: {tokens / times['peer'] / 1e6:.2f}M tokens/s "
+          f"({text / times['peer'] / 1e6:.2f} MB of text/s)")
     ok = True
     for num_proc, target in PREPARE_TARGETS.items():
         ratio = paired_ratio(samples["peer"], samples[num_proc])  # tokens/s ratio: the same tokens in both
         ok &= ratio >= target
-        print(f"prepare --num-proc {num_proc}: {tokens / times[num_proc] / 1e6:.2f}M tokens/s, {ratio:.2f}x the "
+        print(f"prepare --num-proc {num_proc}: {tokens / times[num_proc] / 1e6:.2f}M tokens/s "
+              f"({text / times[num_proc] / 1e6:.2f} MB of text/s), {ratio:.2f}x the "
               f"peer (target >= {target}) {verdict(ratio >= target)}")
     return ok
+
+
+def llama_style_tokenizer(documents: list[str], vocab_size: int):
+    """A stand-in for the Llama-2 tokenizer the recipes name, built offline: a SentencePiece-style BPE with byte
+    fallback, ``<s>``/``</s>``/``<unk>`` and a ``<s>`` before every text, trained on ``documents`` with pieces that
+    never cross a space (as SentencePiece trains) and applied, as transformers' Llama tokenizer applies its merges, to
+    the whole text at once (``Metaspace(split=False)``), which is what its speed depends on."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tokenizer = Tokenizer(models.BPE(byte_fallback=True, unk_token="<unk>", fuse_unk=True))
+    tokenizer.pre_tokenizer = pre_tokenizers.Metaspace(replacement="\u2581", prepend_scheme="first", split=True)
+    special = ["<unk>", "<s>", "</s>", *(f"<0x{i:02X}>" for i in range(256))]
+    tokenizer.train_from_iterator(documents, trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=special,
+                                                                 show_progress=False))
+    tokenizer.pre_tokenizer = pre_tokenizers.Metaspace(replacement="\u2581", prepend_scheme="first", split=False)
+    tokenizer.decoder = decoders.Sequence([decoders.Replace("\u2581", " "), decoders.ByteFallback(), decoders.Fuse(),
+                                           decoders.Strip(" ", 1, 0)])
+    tokenizer.post_processor = processors.TemplateProcessing(single="<s> $A", pair="<s> $A <s> $B",
+                                                             special_tokens=[("<s>", 1)])
+    return PreTrainedTokenizerFast(tokenizer_object=tokenizer, bos_token="<s>", eos_token="</s>", unk_token="<unk>")
 
 
 def random_folder(root: Path, tokens: int, validation_tokens: int = 1_000_000) -> Path:
@@ -360,7 +395,11 @@ def main() -> None:
     parser.add_argument("--rows", nargs="+", choices=list(ROWS), default=list(ROWS))
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--copies", type=int, default=20, help="prepare: copies of the embedded corpus in the source")
-    parser.add_argument("--vocab-size", type=int, default=4096, help="prepare: the BPE's size")
+    parser.add_argument("--vocab-size", type=int, default=4096, help="prepare: the trained tokenizer's size")
+    parser.add_argument("--prepare-tokenizer", default="bpe",
+                        help="prepare: bpe (rotarium's byte-level BPE trained on the embedded corpus), llama (a "
+                             "Llama-2-style BPE built offline, llama_style_tokenizer; with --vocab-size 32000), or a "
+                             "Hub tokenizer or folder")
     parser.add_argument("--resume-tokens", type=int, default=MEMORY_SMALL,
                         help="resume and reading: the prepared folder's training tokens")
     parser.add_argument("--reading-batches", type=int, default=200, help="reading: batches a round")

@@ -10,11 +10,14 @@ DEFAULT_SEED = 0
 @dataclass
 class DataSection:
     """``source``: ``embedded`` (the standard library's documentation topics), a local .txt/.jsonl/.json/.parquet
-    file or folder, a folder written by ``rotarium prepare`` (docs/data.md), or a Hub dataset name (read with
-    streaming when ``streaming``)."""
+    file or folder, a folder written by ``rotarium prepare`` (docs/data.md; ``prepare``: the arguments that write
+    it), or a Hub dataset name (read with streaming when ``streaming``)."""
     source: str = field(default="embedded", metadata={
         "help": "embedded (no download) | a .txt/.jsonl/.json/.parquet file or folder | a folder written by "
                 "`rotarium prepare` | a Hub dataset name"})
+    prepare: str | None = field(default=None, metadata={
+        "help": "the arguments (SOURCE OUT [options]) of the `rotarium prepare` whose OUT is data.source (a "
+                "recipe's), named with the command to run when that folder is not there"})
     hub_config: str | None = field(default=None, metadata={"help": "the Hub dataset's configuration (subset)"})
     split: str = field(default="train", metadata={"help": "the Hub dataset's split"})
     text_field: str = field(default="text", metadata={"help": "the column holding the text (JSON, Parquet, Hub)"})

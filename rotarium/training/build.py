@@ -58,12 +58,26 @@ def build_model(config: Config, tokenizer: PreTrainedTokenizerBase) -> torch.nn.
     return FAMILY_MODELS[model_config.family].lm(model_config)
 
 
+def _prepares(arguments: str, source: str) -> bool:
+    """Whether ``rotarium prepare ARGUMENTS`` (SOURCE OUT [options]) writes the folder ``source``: a config whose
+    ``data.source`` was changed keeps a ``data.prepare`` that describes another folder."""
+    import shlex
+
+    parts = shlex.split(arguments)
+    return len(parts) >= 2 and Path(parts[1]) == Path(source)
+
+
 def open_prepared(config: Config) -> PreparedCorpus | None:
     """The prepared folder ``data.source`` names (recognised by its ``metadata.json``), checked on opening, or None
-    for another source. Raises ``ValueError`` for an unfinished or damaged folder, ``data.streaming`` with one, and
+    for another source. Raises ``ValueError`` for a missing folder that ``data.prepare`` writes (naming the
+    command), an unfinished or damaged folder, ``data.streaming`` with one, and
     a ``tokenizer.name`` or ``--init-from`` whose tokenizer is not the folder's: the ids in the folder are that
     tokenizer's, so a run from it takes the folder's tokenizer (the BPE settings are then unused)."""
     d = config.data
+    if d.prepare is not None and not Path(d.source).exists() and _prepares(d.prepare, d.source):
+        raise ValueError(f"`data.source={d.source}` is not there: it is the folder `rotarium prepare {d.prepare}` "
+                         "writes (`data.prepare`); run that once (README, docs/data.md), or point data.source at the "
+                         "folder it wrote")
     if not is_prepared(d.source):
         return None
     if d.streaming:

@@ -60,3 +60,29 @@ def test_a_tracker_that_is_not_installed_stops_before_training(tmp_path, capsys,
     assert main(["train", "--output-dir", str(tmp_path / "run"), "--train.report_to", "[tensorbored]"]) == 2
     assert "accelerate's trackers" in capsys.readouterr().err
     assert not (tmp_path / "run" / "checkpoints").exists()
+
+
+def test_a_recipe_without_its_prepared_folder_names_the_prepare_to_run(tmp_path, capsys, monkeypatch):
+    """A recipe loads anywhere (its folder is only read to train); training without the folder stops at once with
+    the `rotarium prepare` command that writes it (the recipe's data.prepare)."""
+    monkeypatch.chdir(tmp_path)  # where the recipe's relative data/ folder is not
+    run_dir = tmp_path / "run"
+    code = main(["train", "--config", "gla-370m-rope", "--output-dir", str(run_dir), "--train.report_to", "[]",
+                 "--train.mixed_precision", "no"])  # another test of this process set up accelerate already
+    message = capsys.readouterr().err.strip().splitlines()[-1]
+    assert code == 2 and "`data.source=data/fineweb-edu-10bt-llama2` is not there" in message, message
+    assert ("`rotarium prepare HuggingFaceFW/fineweb-edu data/fineweb-edu-10bt-llama2 --config sample-10BT --streaming "
+            "--tokenizer fla-hub/transformer-1.3B-100B --validation-documents 2000`") in message
+    assert not run_dir.exists()
+
+
+def test_data_prepare_names_only_its_own_folder(tmp_path, monkeypatch):
+    """A recipe whose data.source is changed keeps its data.prepare, which then describes another folder: it stops
+    nothing (the new source is read, or refused, as any source)."""
+    from rotarium.training.build import open_prepared
+    from rotarium.training.config import load_config
+
+    monkeypatch.chdir(tmp_path)
+    assert open_prepared(load_config("gla-370m-rope", {"data.source": "embedded"})) is None
+    with pytest.raises(ValueError, match="fineweb-edu-10bt-llama2/` is not there"):
+        open_prepared(load_config("gla-370m-rope", {"data.source": "./data/fineweb-edu-10bt-llama2/"}))

@@ -61,7 +61,13 @@ def test_recipes_cover_every_family_size_and_position():
                 config = load_config(f"{family}-{size}-{position.replace('_', '-')}")
                 assert config.model.preset == f"{family}-{size}"
                 assert config.model.position_encoding == position
-                assert config.data.streaming and "fineweb-edu" in config.data.source
+                # a folder `rotarium prepare` writes from FineWeb-Edu with the recipe's tokenizer (data.prepare)
+                subset = "10BT" if size == "370m" else "100BT"
+                assert config.data.source == f"data/fineweb-edu-{subset.lower()}-llama2"
+                assert not config.data.streaming
+                assert config.data.prepare == (
+                    f"HuggingFaceFW/fineweb-edu {config.data.source} --config sample-{subset} --streaming "
+                    f"--tokenizer {config.tokenizer.name} --validation-documents 2000")
                 assert config.data.seq_len == 2048 and config.optim.betas == [0.9, 0.95]
                 per_step = config.train.global_batch_size * config.data.seq_len
                 assert per_step == 524288  # about 0.5M tokens a step
