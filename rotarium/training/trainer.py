@@ -1,7 +1,8 @@
 """The training loop: one code path from a laptop CPU to a multi-GPU FSDP run, with accelerate handling devices.
 
-The learning rate is a pure function of the step and the batches a pure function of ``(seed, step)``, so a resumed
-run repeats the uninterrupted one exactly. The run folder (its lock, what is written where, the checkpoint to resume,
+The learning rate is a pure function of the step and the batches a pure function of ``(seed, step)`` (a stream's,
+of each process's position in it, which every checkpoint records), so a resumed run repeats the uninterrupted one
+exactly. The run folder (its lock, what is written where, the checkpoint to resume,
 an ``--overwrite`` or a rewind) has one owner, :class:`rotarium.training.run_folder.RunFolder`, which the trainer
 calls at fixed points; the lock is held from the start until :meth:`Trainer.close`.
 
