@@ -141,6 +141,46 @@ def test_tokenising_happens_in_the_workers_and_a_loader_goes_on_from_a_state(tmp
         loader().batch(1, 0)
 
 
+def test_a_resume_opens_no_shard_before_its_own_and_rereads_only_the_current_block(tmp_path, tokenizer,
+                                                                                   monkeypatch):
+    source = StreamShards(DataSection(source=str(_shards(tmp_path / "s", 5, 16)), streaming=True))
+    plan = plan_stream(5, 1, 0, [0] * 5)
+    first = StreamLoader(source, plan, tokenizer, 32, 4, 1, 0, 4, 0, 0)
+    step = 0
+    while not (first.position[1] >= 1 and first.position[2] % 4):  # in a later shard, inside a block of 4 rows
+        first.batch(step, 0)
+        step += 1
+    state = first.state()
+    epoch, at, row = state["position"]
+    opened = []
+    original = StreamShards.rows
+
+    def rows(self, shard, start=0, **kwargs):
+        opened.append((shard, start))
+        return original(self, shard, start, **kwargs)
+
+    monkeypatch.setattr(StreamShards, "rows", rows)
+    resumed = StreamLoader(source, plan, tokenizer, 32, 4, 1, 0, 4, step, 0, state=state)
+    for later in range(step, step + 20):  # past the tokens the packer kept, into the stream
+        assert torch.equal(resumed.batch(later, 0)["input_ids"], first.batch(later, 0)["input_ids"])
+    current = plan.shards[stream_module.shard_order(5, 0, epoch, 4)[at]]
+    assert opened[0] == (current, row - row % 4)  # the current shard, from its current block's start
+
+
+def test_a_shard_count_that_does_not_divide_is_logged(tmp_path, tokenizer, caplog):
+    from rotarium.training.build import prepare_data
+    from rotarium.training.config import load_config
+
+    config = load_config(None, {"data.source": str(_shards(tmp_path / "s", 3, 10)), "data.streaming": "true",
+                                "data.seq_len": 32, "data.validation_documents": 2, "train.batch_size": 4})
+    for world, logged in ((3, False), (2, True)):
+        caplog.clear()
+        data = prepare_data(config, tokenizer, world, 0, 0, None)
+        assert data.stream == stream_layout(3, world)
+        assert ("every process reads the whole stream and keeps one row in 2" in caplog.text) == logged
+        data.close()
+
+
 def test_bad_data_read_by_a_worker_is_one_line_naming_its_row(tmp_path, tokenizer):
     import pyarrow as pa
     import pyarrow.parquet as pq
