@@ -181,8 +181,12 @@ class RotariumConfig(PretrainedConfig):
         self.position_encoding = position_encoding
         self.rope_theta = rope_theta
         self.partial_rotary_factor = partial_rotary_factor
-        # before transformers' init, which reads the deprecated `rope_scaling` into it and standardises it in place
-        self.rope_parameters = None if rope_parameters is None else dict(rope_parameters)
+        # Before transformers' init, which reads the deprecated `rope_scaling` into it and standardises it in place.
+        # An option that does not rotate by position and has none gets none: transformers would give it a default
+        # one and then check it (refusing an odd head size, which those options allow).
+        rotates = position_encoding in ("rope", "rove") or rope_parameters is not None or "rope_scaling" in kwargs
+        if rotates:
+            self.rope_parameters = None if rope_parameters is None else dict(rope_parameters)
         self.selective_rope_rank = selective_rope_rank
         self.selective_rope_gain_per_head = selective_rope_gain_per_head
         self.selective_rope_conv_size = selective_rope_conv_size
@@ -196,8 +200,15 @@ class RotariumConfig(PretrainedConfig):
         self.selective_rope_learn_temperature = selective_rope_learn_temperature
         self.selective_rope_skip_conv = selective_rope_skip_conv
         self.selective_rope_decay = selective_rope_decay
-        super().__init__(pad_token_id=pad_token_id, bos_token_id=bos_token_id, eos_token_id=eos_token_id,
-                         tie_word_embeddings=tie_word_embeddings, **kwargs)
+        try:
+            super().__init__(pad_token_id=pad_token_id, bos_token_id=bos_token_id, eos_token_id=eos_token_id,
+                             tie_word_embeddings=tie_word_embeddings, **kwargs)
+        except Exception as error:  # transformers' class validators wrap their ValueError in huggingface_hub's error
+            if isinstance(error, ValueError) or not isinstance(error.__cause__, (ValueError, TypeError)):
+                raise
+            raise ValueError(str(error.__cause__)) from error  # a bad config is a ValueError here, as everywhere
+        if not rotates:
+            self.rope_parameters = None
         self.check()
 
     @classmethod
