@@ -35,6 +35,7 @@ from rotarium.data.documents import iter_documents
 from rotarium.data.tokenizer import SPECIAL_TOKENS, load_tokenizer, train_bpe
 from rotarium.utils.files import (
     check_writable_folder,
+    file_sha256,
     make_folder,
     write_folder_atomic,
     write_json_atomic,
@@ -226,11 +227,7 @@ def shard_files(split: str, k: int) -> tuple[str, str]:
 
 
 def _file_record(path: Path) -> dict[str, Any]:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(1 << 24):
-            digest.update(chunk)
-    return {"bytes": path.stat().st_size, "sha256": digest.hexdigest()}
+    return {"bytes": path.stat().st_size, "sha256": file_sha256(path)}
 
 
 class _SplitWriter:
@@ -717,7 +714,7 @@ class PreparedCorpus:
         for split in (self.splits[name] for name in splits):
             for shard in split.record["shards"]:
                 for name, file in shard["files"].items():
-                    if _file_record(self.path / name)["sha256"] != file["sha256"]:
+                    if file_sha256(self.path / name) != file["sha256"]:
                         raise ValueError(f"{self.path / name} changed since it was prepared (its SHA-256 is not the "
                                          f"one in {METADATA}); prepare the source again into a new folder")
 

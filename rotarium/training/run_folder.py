@@ -23,7 +23,6 @@ up broken; ``checksums.json`` catches a file damaged after that (a full disk, a 
 """
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import os
@@ -35,6 +34,7 @@ from typing import Any
 from rotarium.training.lock import RunLock
 from rotarium.training.metrics import append_record, plot_loss_curve, truncate_metrics
 from rotarium.utils.files import (
+    file_sha256,
     fsync_tree,
     make_folder,
     read_jsonl,
@@ -168,17 +168,9 @@ def mark_complete(folder: Path, step: int, state: dict[str, Any]) -> None:
     write_json_atomic(folder / TRAINER_STATE, state)
     fsync_tree(folder)
     files = sorted(p for p in folder.rglob("*") if p.is_file() and p.name not in (CHECKSUMS, COMPLETE))
-    record = {p.relative_to(folder).as_posix(): {"bytes": p.stat().st_size, "sha256": _sha256(p)} for p in files}
+    record = {p.relative_to(folder).as_posix(): {"bytes": p.stat().st_size, "sha256": file_sha256(p)} for p in files}
     write_json_atomic(folder / CHECKSUMS, {"algorithm": "sha256", "files": record})
     write_text_atomic(folder / COMPLETE, f"{step}\n")
-
-
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as f:
-        while chunk := f.read(1 << 20):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 class CorruptCheckpoint(ValueError):
@@ -204,7 +196,7 @@ def verify_checkpoint(checkpoint: Path) -> bool:
         if size != expected["bytes"]:
             raise CorruptCheckpoint(f"{checkpoint.name}/{name} has {size} bytes, {expected['bytes']} were written")
     for name, expected in files.items():
-        if _sha256(checkpoint / name) != expected["sha256"]:
+        if file_sha256(checkpoint / name) != expected["sha256"]:
             raise CorruptCheckpoint(f"{checkpoint.name}/{name} does not match the SHA-256 recorded when written")
     return True
 

@@ -22,6 +22,7 @@ interval; :meth:`~Trainer.finish` saves the final model and plots the loss curve
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import logging
 import math
@@ -433,9 +434,16 @@ class Trainer:
             source = self.data.prepared.metadata["settings"].get("source") or "embedded"
         if source != "embedded" and not Path(source).exists() and not Path(source).is_absolute():
             args["dataset"] = source
-        args[RECORD_KEY] = (prepared_record(self.data.prepared) if self.data.prepared is not None else
-                            held_out_record(self.config.data, self.data.validation_documents))
+        args[RECORD_KEY] = self._held_out_record
         return args
+
+    @functools.cached_property
+    def _held_out_record(self) -> dict[str, Any]:
+        """What identifies the run's held-out documents (:mod:`rotarium.data.heldout`): computed once, since every
+        checkpoint's ``training_args.json`` carries it and the documents do not change within a run."""
+        if self.data.prepared is not None:
+            return prepared_record(self.data.prepared)
+        return held_out_record(self.config.data, self.data.validation_documents)
 
     def _data_position(self, step: int) -> dict[str, Any]:
         """The data position a checkpoint of ``step`` records, taken now (for a stream, every process's place in

@@ -6,6 +6,7 @@ is atomic. This module imports the standard library only: exported checkpoints b
 from __future__ import annotations
 
 import csv
+import hashlib
 import io
 import json
 import os
@@ -131,6 +132,16 @@ def read_jsonl(path: str | os.PathLike) -> list[Any]:
         except json.JSONDecodeError:
             continue
     return records
+
+
+def file_sha256(path: str | os.PathLike) -> str:
+    """The SHA-256 of the file at ``path`` (hex), read in chunks: checkpoints and prepared shards record it so that
+    ``sha256sum`` can check a copy by hand."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 24):
+            digest.update(chunk)
+    return digest.hexdigest()
 
 
 def check_writable_folder(path: str | os.PathLike, what: str) -> None:
