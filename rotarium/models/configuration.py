@@ -24,6 +24,9 @@ POSITIONAL_DEFAULTS = PositionalSettings()
 POSITIONAL_FIELDS = tuple(POSITIONAL_DEFAULTS.to_dict())
 # What every preset shares: untied embeddings, the Llama-2 / Mistral vocabulary, 24 layers.
 PRESET_BASE: dict[str, Any] = {"vocab_size": 32000, "num_hidden_layers": 24, "tie_word_embeddings": False}
+# What GPT-2-shaped presets share over the base: GPT-2's vocabulary and context, tied embeddings.
+GPT2_SHAPE: dict[str, Any] = {"vocab_size": 50257, "max_position_embeddings": 1024, "tie_word_embeddings": True,
+                              "rope_theta": 10000.0}
 
 
 @cache
@@ -472,6 +475,13 @@ class TransformerConfig(RotariumConfig):
     presets: ClassVar[dict[str, dict[str, Any]]] = {
         "transformer-370m": {"hidden_size": 1024, "num_heads": 16, "rope_theta": 10000.0},
         "transformer-1.3b": {"hidden_size": 2048, "num_heads": 32, "rope_theta": 10000.0},
+        # The RoVE paper's GPT-2-shaped models (GPT-2 small and medium: context 1024, GPT-2's vocabulary, tied
+        # embeddings). The SwiGLU width keeps GPT-2's 8 d^2 MLP parameters a layer: 8d/3, rounded up to a
+        # multiple of 64 where it is not whole.
+        "transformer-124m": {"hidden_size": 768, "num_heads": 12, "num_hidden_layers": 12, "intermediate_size": 2048,
+                             **GPT2_SHAPE},
+        "transformer-354m": {"hidden_size": 1024, "num_heads": 16, "num_hidden_layers": 24,
+                             "intermediate_size": 2752, **GPT2_SHAPE},
     }
 
     def __init__(self, num_kv_heads: int | None = None, head_dim: int | None = None, attention_bias: bool = False,

@@ -308,8 +308,18 @@ def test_presets_have_the_advertised_sizes():
 
     for name in rotarium.PRESETS:
         count = parameter_count(name, position_encoding="selective_rope")
-        low, high = (340e6, 400e6) if name.endswith("370m") else (1.25e9, 1.45e9)
-        assert low <= count <= high, (name, count)
+        advertised = {"124m": 124e6, "354m": 354e6, "370m": 370e6, "1.3b": 1.3e9}[name.rsplit("-", 1)[1]]
+        assert abs(count - advertised) / advertised < 0.1, (name, count)
+    # the RoVE paper's GPT-2-shaped models: GPT-2 small's and medium's shapes and vocabulary, tied embeddings, and
+    # GPT-2's 8 d^2 MLP parameters a layer (within one SwiGLU rounding)
+    for name, layers, width, heads in (("transformer-124m", 12, 768, 12), ("transformer-354m", 24, 1024, 16)):
+        config = rotarium.TransformerConfig.from_preset(name, position_encoding="rove")
+        assert (config.num_hidden_layers, config.hidden_size, config.num_heads) == (layers, width, heads)
+        assert config.vocab_size == 50257 and config.max_position_embeddings == 1024 and config.tie_word_embeddings
+        assert abs(3 * config.intermediate_size - 8 * width) <= 3 * 64
+        for option in ("nope", "rope", "rove", "selective_rope"):
+            count = parameter_count(name, position_encoding=option)
+            assert abs(count - int(name.rsplit("-", 1)[1][:-1]) * 1e6) < 1.5e6 + (option == "selective_rope") * 2e6
     config = rotarium.GLAConfig.from_preset("gla-370m", position_encoding="selective_rope")
     assert config.hidden_size == 1024 and config.position_encoding == "selective_rope"
     assert rotarium.preset_config("fox-1.3b").num_heads == 32

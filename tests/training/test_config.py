@@ -54,7 +54,7 @@ def test_override_syntax_errors():
 
 def test_recipes_cover_every_family_size_and_position():
     names = recipe_names()
-    assert len(names) == 32
+    assert len([name for name in names if "-370m-" in name or "-1.3b-" in name]) == 32
     for family in ("gla", "fox", "deltanet", "transformer"):
         for size, tokens in (("370m", 10e9), ("1.3b", 26e9)):
             for position in ("nope", "rope", "rove", "selective_rope"):
@@ -74,6 +74,24 @@ def test_recipes_cover_every_family_size_and_position():
                 assert abs(per_step * config.train.max_steps - tokens) / tokens < 0.01
                 assert config.optim.schedule == "cosine" and config.train.mixed_precision == "bf16"
                 assert accumulation_steps(config, 8) == 2 and accumulation_steps(config, 16) == 1
+
+
+def test_the_rove_papers_recipes_train_gpt2_shapes_on_fineweb_edu_10b():
+    for size, lr in (("124m", 6e-4), ("354m", 3e-4)):
+        for position in ("rope", "rove"):
+            config = load_config(f"transformer-{size}-{position}")
+            assert (config.model.preset, config.model.position_encoding) == (f"transformer-{size}", position)
+            assert config.tokenizer.name == "openai-community/gpt2" and config.data.seq_len == 1024
+            assert config.data.prepare == (
+                f"HuggingFaceFW/fineweb-edu {config.data.source} --config sample-10BT --streaming "
+                "--tokenizer openai-community/gpt2 --validation-documents 2000")
+            per_step = config.train.global_batch_size * config.data.seq_len
+            assert per_step == 524288 and abs(per_step * config.train.max_steps - 10e9) / 10e9 < 0.01
+            assert config.optim.lr == lr and config.optim.schedule == "cosine"
+            assert max(config.eval.context_lengths) == 16 * config.data.seq_len  # the paper's 16k
+            assert accumulation_steps(config, 8) * 8 * config.train.batch_size == config.train.global_batch_size
+    assert {n for n in recipe_names() if "-124m-" in n or "-354m-" in n} == {
+        "transformer-124m-rope", "transformer-124m-rove", "transformer-354m-rope", "transformer-354m-rove"}
 
 
 def test_global_batch_must_divide():
