@@ -614,7 +614,7 @@ def markdown(records: list[dict], args, header: str) -> str:
                       *columns[2:]],
                      [[r["preset"], r["option"], *memory_cells(r)[:2], pair(r["cpu"], 1e6), *memory_cells(r)[2:]]
                       for r in measured])
-        out += ["Per preset, the largest value over the options measured (the README's table):", ""]
+        out += ["Per preset, the largest value over the options measured (the table of docs/training.md):", ""]
         out += table(["preset", *columns], [[preset, *memory_cells(largest(measured, preset))]
                                             for preset in dict.fromkeys(r["preset"] for r in measured)])
     out += [f"{memory_line(r)}" for r in of["memory"] if r["status"] != "ok"]
