@@ -36,8 +36,9 @@ prefill, then a few tokens from the cache with gradients).
 
 Every fla run counts the ops' dispatches (rotarium.ops.backend.count_dispatches): a row passes only if fla really
 ran, and the PyTorch side never did. A PyTorch fallback known to be deliberate (fla's plain chunked delta rule
-refuses float32; fla refuses the gated delta rule's backward on Hopper with Triton < 3.7.1 unless tilelang is
-installed; fla's attention decoding kernel has no backward) makes the row KNOWN, with the reason, instead of failing it.
+refuses float32; fla refuses the gated delta rule's backward on Hopper GPUs with the Triton versions that
+miscompile it, listed in docs/design.md, unless tilelang is installed; fla's attention decoding kernel has no
+backward) makes the row KNOWN, with the reason, instead of failing it.
 
 Each row prints as soon as it is done (with the seconds elapsed: most of a first run is Triton compiling and
 autotuning fla's kernels, which ``--autotune first`` cuts down), and each part ends with a PASS / KNOWN / SKIP / FAIL

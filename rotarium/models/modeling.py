@@ -43,8 +43,9 @@ CACHE_FIELD = "cache" if "cache" in {f.name for f in dataclasses.fields(CausalLM
 # Output projections that write into the residual stream, scaled down with depth (GPT-2, fla's prenorm rescaling).
 RESIDUAL_PROJECTIONS = ("o_proj", "down_proj")
 IGNORE_INDEX = -100  # transformers' label for tokens that are not scored
-# Tokens per chunk of the chunked LM loss: one chunk's [tokens, vocab] logits exist at a time, and chunks much
-# smaller than this make the projection's matmuls measurably less efficient (docs/benchmarks.md, lm_head.py).
+# Tokens per chunk of the chunked LM loss: one chunk's [tokens, vocab] logits exist at a time, so the chunk bounds
+# the head's memory, and a chunk this long keeps the projection's matmuls large enough to run efficiently
+# (benchmarks/lm_head.py weighs the two; docs/benchmarks.md has its results).
 LOSS_CHUNK_TOKENS = 1024
 
 

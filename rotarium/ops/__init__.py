@@ -8,9 +8,9 @@
 - ``linear_cross_entropy``: the causal-LM loss through the output projection, chunk by chunk (fla's on CUDA).
 - ``utils``: validation at the op boundary, packing, chunk layouts.
 
-Allocation: on CPU a large fresh tensor costs a page fault per page on its first write, often more than the
-arithmetic that fills it. So the PyTorch kernels write into buffers they already hold, in place where autograd would
-allocate, and lay long inputs out block by block; benchmarks/ops.py and benchmarks/layers.py time them.
+Allocation: on CPU, obtaining a large fresh tensor from the operating system can cost more than the arithmetic that
+fills it. So the PyTorch kernels write into buffers they already hold, in place where autograd would allocate, and
+lay long inputs out block by block; benchmarks/ops.py and benchmarks/layers.py time them (docs/benchmarks.md).
 """
 from rotarium.ops.backend import fla_available
 from rotarium.ops.delta_rule import (

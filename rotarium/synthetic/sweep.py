@@ -43,7 +43,7 @@ LEARNED_DEFAULT = 0.9
 def _task_fields(s: RunSettings) -> dict[str, str]:
     """The settings only one task reads (empty elsewhere)."""
     mqar = s.task == "mqar"
-    # empty when the training job's optimiser is used, so that tables written before the field existed still match
+    # optim_options is empty with the training job's optimiser, as is a column a CSV lacks, so that such rows match
     return {"num_pairs": str(s.num_pairs) if mqar else "", "vocab_size": str(s.vocab_size) if mqar else "",
             "optim_options": json.dumps(s.optim_options) if s.optim_options else ""}
 
@@ -65,7 +65,7 @@ def read_rows(path: str | os.PathLike) -> list[dict[str, Any]]:
                          floats=("accuracy", "sequence_accuracy", "train_loss", "train_seconds", "lr"),
                          optional_floats=("eval_seconds",))
     for row in rows:
-        row["eval_seconds"] = row["eval_seconds"] or 0.0  # absent in tables written before it existed
+        row["eval_seconds"] = row["eval_seconds"] or 0.0  # None when the CSV has no such column
     return rows
 
 

@@ -24,7 +24,7 @@ class LossGuard:
     def __init__(self, spike_factor: float, window: int, vocab_size: int, state: dict[str, Any]):
         self.spike_factor, self.window = spike_factor, window
         self.ceiling = math.log(vocab_size)
-        # a checkpoint written before the guard existed carries no counters: start them afresh
+        # a saved state without the guard's counters (the guard stored none in it): start them afresh
         self.state = state.setdefault("guard", {"recent": [], "reference": None, "bad_since_good": 0,
                                                 "first_bad_since_good": None, "bad_since_checkpoint": 0})
 

@@ -84,8 +84,9 @@ def fla_float32_limit(q: torch.Tensor) -> str | None:
 
 @functools.cache
 def fla_gated_backward_refused() -> bool:
-    """Whether fla refuses the gated delta rule's backward here: on Hopper GPUs, Triton 3.4 up to 3.7.1 miscompiles
-    the gated ``chunk_bwd_dqkwg`` kernel, so fla raises unless tilelang can run that kernel instead."""
+    """Whether fla refuses the gated delta rule's backward here: fla raises where its Triton kernel for the gated
+    ``chunk_bwd_dqkwg`` would be miscompiled (its own flags below say where) unless tilelang can run that kernel
+    instead; the versions are in docs/design.md, "fla and Triton versions"."""
     import importlib.util
 
     try:
