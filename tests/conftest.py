@@ -1,4 +1,5 @@
 import os
+from pathlib import Path
 
 import pytest
 import torch
@@ -12,3 +13,13 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
 @pytest.fixture(autouse=True)
 def _seed():
     torch.manual_seed(0)
+
+
+@pytest.fixture(scope="session")
+def corpus(tmp_path_factory) -> Path:
+    """A local text file of 40 documents of the embedded corpus (documents separated by two blank lines)."""
+    from rotarium.data.documents import embedded_documents
+
+    path = tmp_path_factory.mktemp("corpus") / "docs.txt"
+    path.write_text("\n\n\n".join(embedded_documents()[:40]))
+    return path

@@ -195,7 +195,7 @@ def test_fla_peer_computes_what_the_preset_computes(gpu_check, name):
     from rotarium.hub.convert import fit_state_dict, rename_state_dict
     from rotarium.models import FAMILY_MODELS
     from tests.asserts import assert_close
-    from tests.fidelity.fla_cpu import fla_on_cpu, spread_parameters
+    from tests.fla_cpu import fla_on_cpu, spread_parameters
 
     preset, overrides = gpu_check.PRESET_ROWS[name]
     config = preset_config(preset, **overrides, **gpu_check.TINY, num_hidden_layers=2)

@@ -15,8 +15,8 @@ from rotarium.data.config import DataSection
 from rotarium.data.documents import embedded_documents, iter_documents, split_documents
 from rotarium.data.prepared import PreparedCorpus, held_out_rule, prepare, token_dtype
 from rotarium.data.tokenizer import train_bpe
-from tests.reliability.cli_cases import error_line, run_cli_cases
-from tests.training.conftest import ROOT
+from tests.cli_cases import error_line, run_cli_cases
+from tests.training.helpers import ROOT
 
 DOCUMENTS = 60
 SHARD_TOKENS = 4000

@@ -12,8 +12,8 @@ import pytest
 import torch
 
 from rotarium.evaluation import downstream
-from tests.reliability.cli_cases import error_line, run_cli_cases
-from tests.training.conftest import ROOT
+from tests.cli_cases import error_line, run_cli_cases
+from tests.training.helpers import ROOT
 
 OFFLINE = {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
 

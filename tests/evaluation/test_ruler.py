@@ -23,8 +23,8 @@ from rotarium.evaluation.ruler import (
     parse_tasks,
     string_match_all,
 )
-from tests.reliability.cli_cases import error_line, run_cli_cases
-from tests.training.conftest import ok, run_child
+from tests.cli_cases import error_line, run_cli_cases
+from tests.training.helpers import ok, run_child
 
 SINGLE_HEAD = ("A special magic number is hidden within the following text. Make sure to memorize it. I will quiz you "
                "about the number afterwards.\n")

@@ -8,7 +8,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 import torch
 
-from .conftest import accelerate_config, cli_args, free_port, losses, ok, run_child
+from tests.training.helpers import accelerate_config, cli_args, free_port, losses, ok, run_child
 
 # The tests here share launches; one xdist worker runs them all (make test uses --dist loadgroup).
 pytestmark = pytest.mark.xdist_group("distributed")

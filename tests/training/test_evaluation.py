@@ -10,8 +10,7 @@ import torch
 import rotarium
 from rotarium.evaluation.generate import generate_text
 from rotarium.evaluation.perplexity import perplexity_by_context
-
-from .conftest import ROOT, ok, run_child
+from tests.training.helpers import ROOT, ok, run_child
 
 
 def test_perplexity_is_the_mean_loss_over_windows():

@@ -7,8 +7,7 @@ import torch
 from rotarium.training.config import load_config
 from rotarium.training.run_folder import latest_checkpoint
 from rotarium.training.trainer import Trainer, TrainingDiverged
-
-from .conftest import TINY, scale_losses
+from tests.training.helpers import TINY, scale_losses
 
 
 def _config(corpus, **extra):

@@ -24,9 +24,8 @@ from rotarium.data.prepared import PreparedCorpus, prepare
 from rotarium.data.tokenizer import load_tokenizer, train_bpe
 from rotarium.training.config import load_config
 from rotarium.training.run_folder import latest_checkpoint, read_trainer_state
-from tests.reliability.cli_cases import error_line, run_cli_cases
-
-from .conftest import TINY, accelerate_config, cli_args, losses, ok, run_child
+from tests.cli_cases import error_line, run_cli_cases
+from tests.training.helpers import TINY, accelerate_config, cli_args, losses, ok, run_child
 
 SEQ_LEN = TINY["data.seq_len"]
 FRACTION = TINY["data.validation_fraction"]

@@ -19,8 +19,7 @@ from rotarium.data.stream import StreamLoader, plan_stream, stream_documents, st
 from rotarium.data.tokenizer import train_bpe
 from rotarium.training.resume import check_stream
 from rotarium.training.run_folder import latest_checkpoint, read_trainer_state
-
-from .conftest import accelerate_config, cli_args, losses, ok, run_child
+from tests.training.helpers import accelerate_config, cli_args, losses, ok, run_child
 
 DOCUMENTS = embedded_documents()
 

@@ -6,8 +6,7 @@ import shutil
 import signal
 
 from rotarium.training.run_folder import COMPLETE, latest_checkpoint
-
-from .conftest import cli_args, losses, ok, run_child
+from tests.training.helpers import cli_args, losses, ok, run_child
 
 
 def test_short_run_learns_and_leaves_a_loadable_model(reference):

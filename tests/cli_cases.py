@@ -8,7 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tests.training.conftest import ROOT
+ROOT = Path(__file__).resolve().parents[1]
 
 # A case that raises is recorded as a traceback with code 1, as `python -m rotarium` would end. A case given a
 # "skip_if_writable" folder is skipped (None) when the child may write there.

@@ -20,8 +20,8 @@ from safetensors.torch import load_file, save_file
 from rotarium.hub import export as export_module
 from rotarium.hub import export_checkpoint, push_checkpoint
 from rotarium.hub import push as push_module
+from tests.cli_cases import error_line, run_cli_cases
 from tests.hub.helpers import CodeInPickle, make_checkpoint, write_run_outputs
-from tests.reliability.cli_cases import error_line, run_cli_cases
 
 SECRET = "hf_private_token_do_not_publish"
 REVISION = "0123456789abcdef0123456789abcdef01234567"

@@ -20,9 +20,9 @@ from rotarium.data.config import DataSection
 from rotarium.data.documents import embedded_documents, held_out_documents
 from rotarium.data.heldout import check_held_out, documents_sha256, held_out_record
 from rotarium.models import GLAConfig, GLAForCausalLM, load_pretrained
+from tests.cli_cases import error_line, run_cli_cases
 from tests.hub.helpers import CodeInPickle
-from tests.reliability.cli_cases import error_line, run_cli_cases
-from tests.training.conftest import ROOT, TINY, cli_args
+from tests.training.helpers import ROOT, TINY, cli_args
 
 SHORT = ["--context-lengths", "16", "--max-tokens", "256"]
 

@@ -18,11 +18,9 @@ import pytest
 from rotarium.data.config import DataSection
 from rotarium.data.documents import embedded_documents, iter_documents
 from rotarium.training.config import load_config
-from tests.reliability.cli_cases import error_line, run_cli_cases
-from tests.training import conftest
-from tests.training.conftest import cli_args, ok, run_child
+from tests.cli_cases import error_line, run_cli_cases
+from tests.training.helpers import cli_args, ok, run_child
 
-corpus = conftest.corpus  # the fixture of tests/training
 SHORT = {"train__max_steps": 6, "train__save_every": 2, "train__eval_every": 6}
 DOCS = embedded_documents()[:40]
 

@@ -14,10 +14,8 @@ import pytest
 
 from rotarium.cli import main
 from rotarium.training.run_folder import CHECKSUMS, TRAINING_ARGS, choose_checkpoint, complete_checkpoints
-from tests.training import conftest
-from tests.training.conftest import cli_args, losses, ok, run_child
+from tests.training.helpers import cli_args, losses, ok, run_child
 
-corpus = conftest.corpus  # the fixture of tests/training
 SHORT = {"train__max_steps": 6, "train__save_every": 2, "train__eval_every": 6}
 
 

@@ -16,11 +16,8 @@ import yaml
 from safetensors import SafetensorError
 
 from rotarium import cli
-from tests.reliability.cli_cases import error_line, run_cli_cases
-from tests.training import conftest
-from tests.training.conftest import ROOT, cli_args
-
-corpus = conftest.corpus  # the fixture of tests/training
+from tests.cli_cases import error_line, run_cli_cases
+from tests.training.helpers import ROOT, cli_args
 
 
 def _main_raising(monkeypatch, error: BaseException) -> int:

@@ -11,11 +11,8 @@ import pytest
 from rotarium.training.lock import RunLock
 from rotarium.utils.files import append_text, make_folder, write_json_atomic, write_text_atomic
 from rotarium.utils.plots import save_figure
-from tests.reliability.cli_cases import error_line, run_cli_cases
-from tests.training import conftest
-from tests.training.conftest import cli_args
-
-corpus = conftest.corpus  # the fixture of tests/training
+from tests.cli_cases import error_line, run_cli_cases
+from tests.training.helpers import cli_args
 
 SECRET = "a file outside the run, which must stay as it is\n"
 

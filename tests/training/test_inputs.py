@@ -11,8 +11,8 @@ from rotarium.configs.presets import preset_config
 from rotarium.data.documents import embedded_documents
 from rotarium.models import GLAConfig, RotariumConfig
 from rotarium.training.config import load_config
-from tests.reliability.cli_cases import error_line, run_cli_cases
-from tests.training.conftest import cli_args
+from tests.cli_cases import error_line, run_cli_cases
+from tests.training.helpers import cli_args
 
 INPUTS = {
     "corpus.txt": "\n\n\n".join(embedded_documents()[:40]).encode(),

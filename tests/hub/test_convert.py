@@ -30,7 +30,7 @@ from rotarium.hub.convert import (
 )
 from rotarium.layers import build_mixer
 from rotarium.models import CONFIGS
-from tests.fidelity.fla_cpu import fla_on_cpu, tiny_fla_model
+from tests.fla_cpu import fla_on_cpu, tiny_fla_model
 from tests.hub.helpers import BLOCK_ROTARIUM, run_python, save_tokenizer
 
 BATCH, LENGTH = 2, 70  # longer than fla's 64-token chunk, so its chunked kernels run

@@ -12,10 +12,7 @@ import pytest
 from rotarium.cli import main
 from rotarium.training import trainer as trainer_module
 from rotarium.training.run_folder import PREVIOUS, REPLACING
-from tests.training import conftest
-from tests.training.conftest import cli_args, ok, run_child
-
-corpus = conftest.corpus  # the fixture of tests/training
+from tests.training.helpers import cli_args, ok, run_child
 
 
 def _old_run(run_dir: Path) -> dict[str, bytes]:

@@ -10,7 +10,7 @@ from fla.models.utils import Cache
 from fla.modules import ShortConvolution
 from torch import nn
 
-from tests.fidelity.fla_cpu import LEAVES, MODEL_TYPES, causal_conv1d, fla_on_cpu, tiny_fla_model
+from tests.fla_cpu import LEAVES, MODEL_TYPES, causal_conv1d, fla_on_cpu, tiny_fla_model
 
 BATCH, LENGTH, PREFILL = 2, 70, 66  # longer than fla's 64-token chunk, so its chunked kernels run too
 ATOL = 1e-4

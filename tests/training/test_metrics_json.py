@@ -15,7 +15,7 @@ from rotarium.training.config import load_config
 from rotarium.training.metrics import append_record, plot_loss_curve, truncate_metrics
 from rotarium.training.trainer import Trainer
 from tests.hub.helpers import make_checkpoint
-from tests.training.conftest import TINY, scale_losses
+from tests.training.helpers import TINY, scale_losses
 
 
 def strict_records(path: Path) -> list[dict]:

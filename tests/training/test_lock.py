@@ -13,10 +13,7 @@ import pytest
 
 from rotarium.cli import main
 from rotarium.training.lock import LOCK, RunLock, RunLocked
-from tests.training import conftest
-from tests.training.conftest import ROOT, cli_args, run_child
-
-corpus = conftest.corpus  # the fixture of tests/training
+from tests.training.helpers import ROOT, cli_args, run_child
 
 # A `rotarium train` child that, inside its first training step, writes `<run>.started` and waits for `<run>.go`.
 HELD = """

@@ -16,9 +16,9 @@ from safetensors.torch import load_file, save_file
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from rotarium.hub.convert import convert_checkpoint
+from tests.cli_cases import error_line, run_cli_cases
 from tests.hub.helpers import CodeInPickle, save_tokenizer
-from tests.reliability.cli_cases import error_line, run_cli_cases
-from tests.training.conftest import ROOT
+from tests.training.helpers import ROOT
 
 TINY_LLAMA = {"vocab_size": 128, "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
               "num_attention_heads": 4, "num_key_value_heads": 2}
@@ -255,7 +255,7 @@ with open(sys.argv[2], "w") as f:
 
 
 def test_a_config_larger_than_its_weights_is_refused_before_anything_is_allocated(tmp_path):
-    from tests.fidelity.fla_cpu import tiny_fla_model
+    from tests.fla_cpu import tiny_fla_model
 
     llama_source(tmp_path / "llama")
     tiny_fla_model("gla", spread=False).save_pretrained(tmp_path / "gla")

@@ -13,10 +13,7 @@ from rotarium.training.config import load_config
 from rotarium.training.guard import LossGuard
 from rotarium.training.run_folder import complete_checkpoints, read_trainer_state
 from rotarium.training.trainer import Trainer, TrainingDiverged
-from tests.training import conftest
-from tests.training.conftest import TINY
-
-corpus = conftest.corpus  # the fixture of tests/training
+from tests.training.helpers import TINY, scale_losses
 
 
 def _config(corpus, **extra):
@@ -29,7 +26,7 @@ def _verdicts(run_dir):
 
 def test_a_spike_then_nans_names_the_checkpoint_before_the_spike(corpus, tmp_path, monkeypatch):
     # step 5: a loss a million times too high, yet finite; from step 7 on: NaN
-    conftest.scale_losses(monkeypatch, lambda n: 1e6 if n == 5 else math.nan if n >= 7 else 1.0)
+    scale_losses(monkeypatch, lambda n: 1e6 if n == 5 else math.nan if n >= 7 else 1.0)
     config = _config(corpus, **{"train.max_steps": 12, "train.save_every": 3, "train.max_bad_steps": 3})
     trainer = Trainer(config, tmp_path / "run")
     with pytest.warns(RuntimeWarning, match="step 5: loss .* above the spike threshold"), \
@@ -43,7 +40,7 @@ def test_a_spike_then_nans_names_the_checkpoint_before_the_spike(corpus, tmp_pat
 
 def test_a_slow_blow_up_warns_and_resume_goes_back_to_the_last_good_checkpoint(corpus, tmp_path, monkeypatch,
                                                                              caplog):
-    conftest.scale_losses(monkeypatch, lambda n: 2.0 ** max(0, n - 6))  # doubles every step after step 6, stays finite
+    scale_losses(monkeypatch, lambda n: 2.0 ** max(0, n - 6))  # doubles every step after step 6, stays finite
     run_dir = tmp_path / "run"
     settings = {"train.max_steps": 14, "train.save_every": 3, "train.spike_window": 3}
     trainer = Trainer(_config(corpus, **settings), run_dir)
