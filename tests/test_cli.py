@@ -111,12 +111,3 @@ def test_synthetic_checks_options_device_and_output_before_training(tmp_path):
         message = error_line(results["read-only sweep folder"], "synthetic")
         assert "--output-dir" in message and "not writable" in message
     assert not (tmp_path / "sweep").exists()
-
-
-def test_eval_and_generate_check_the_device_before_loading(tmp_path):
-    results = run_cli_cases({
-        "eval": ["eval", "--model", str(tmp_path), "--device", "cuda:7"],
-        "generate": ["generate", "--model", str(tmp_path), "--prompt", "hi", "--device", "tpu"],
-    }, tmp_path)
-    assert "--device cuda:7" in error_line(results["eval"], "eval")
-    assert "--device 'tpu' is not a device" in error_line(results["generate"], "generate")

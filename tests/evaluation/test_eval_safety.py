@@ -18,8 +18,7 @@ from safetensors.torch import load_file, save_file
 
 from rotarium.data.config import DataSection
 from rotarium.data.documents import embedded_documents, held_out_documents
-from rotarium.data.heldout import check_held_out, documents_sha256, held_out_record
-from rotarium.models import GLAConfig, GLAForCausalLM, load_pretrained
+from rotarium.data.heldout import documents_sha256
 from tests.cli_cases import error_line, run_cli_cases
 from tests.hub.helpers import CodeInPickle
 from tests.training.helpers import ROOT, TINY, cli_args
@@ -223,22 +222,3 @@ def test_an_output_folder_that_cannot_be_written_stops_eval_before_any_work(resu
     for text in texts:
         assert text in message, f"{text!r} not in {message!r}"
     assert "Loading weights" not in results[case][1] and "eval L=" not in results[case][1]
-
-
-def test_tied_weights_are_not_missing(tmp_path):
-    config = GLAConfig(vocab_size=50, hidden_size=32, num_hidden_layers=1, num_heads=2, tie_word_embeddings=True)
-    GLAForCausalLM(config).save_pretrained(tmp_path)
-    assert "lm_head.weight" not in load_file(tmp_path / "model.safetensors")
-    model = load_pretrained(str(tmp_path), flag="--model")
-    assert model.lm_head.weight is model.model.embed_tokens.weight
-
-
-def test_a_stream_s_held_out_part_is_verified(tmp_path):
-    corpus = tmp_path / "docs.txt"
-    corpus.write_text("\n\n\n".join(embedded_documents()[:12]))
-    section = DataSection(source=str(corpus), streaming=True, validation_documents=3)
-    record = held_out_record(section, held_out_documents(section, 0))
-    check_held_out(record, section, held_out_documents(section, 0), "training_args.json")
-    corpus.write_text("\n\n\n".join(embedded_documents()[1:12]))  # the first document removed
-    with pytest.raises(ValueError, match=r"changed since training: the stream's held-out part \(its first 3"):
-        check_held_out(record, section, held_out_documents(section, 0), "training_args.json")

@@ -1,15 +1,11 @@
 """CUDA-only branches checked on CPU: each stands in for the GPU condition that would have broken it."""
 from __future__ import annotations
 
-import argparse
-
 import pytest
 import torch
 import torch.nn.functional as F
 
 import rotarium.ops.rms_norm as rms_norm_module
-from rotarium.evaluation import cli as eval_cli
-from rotarium.layers import SequenceInfo
 from rotarium.ops import chunk_gla
 from rotarium.ops.utils import check_cu_seqlens, checks_values
 
@@ -47,25 +43,3 @@ def test_packed_boundaries_are_read_from_the_host_copy():
     unreadable = cu_seqlens_cpu.clone().as_subclass(Unreadable)
     out, _ = chunk_gla(q, q, q, g, cu_seqlens=unreadable, cu_seqlens_cpu=cu_seqlens_cpu)
     torch.testing.assert_close(out, expected, rtol=0, atol=0)
-
-
-def test_sequence_info_takes_the_host_copy_once_and_counts_positions_once():
-    x = torch.randn(1, 8, 4)
-    seq = SequenceInfo.build(x, cu_seqlens=torch.tensor([0, 3, 8]))
-    assert seq.cu_seqlens_cpu is not None and seq.cu_seqlens_cpu.device.type == "cpu"
-    assert seq.token_positions(None) is seq.token_positions(None)
-    assert seq.token_positions(None).tolist() == [[0, 1, 2, 0, 1, 2, 3, 4]]
-    unpacked = SequenceInfo.build(torch.zeros(2, 5, 4, device="meta"))
-    assert unpacked.token_positions(None).device.type == "meta"
-
-
-@pytest.mark.parametrize(("device", "requested", "expected"), [
-    ("cuda", "auto", torch.bfloat16), ("cpu", "auto", torch.float32), ("cuda", "float32", torch.float32),
-])
-def test_evaluation_loads_bfloat16_on_cuda_by_default(device, requested, expected, monkeypatch):
-    """Evaluation has no autocast: in float32 on a GPU the delta rule would run on the PyTorch path."""
-    loaded = {}
-    monkeypatch.setattr("rotarium.evaluation.generate.load_checkpoint",
-                        lambda path, device=None, dtype=None: loaded.update(device=device, dtype=dtype))
-    eval_cli.load_for(argparse.Namespace(model="m", device=device, dtype=requested))
-    assert loaded == {"device": device, "dtype": expected}

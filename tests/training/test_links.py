@@ -1,6 +1,6 @@
 """No file is written through a link (issue: a link planted in a run or model folder made rotarium overwrite the
-file it points to). Files written by renaming a new file into place replace a link there; files opened in place (the
-run lock, the appended metrics) and the folders rotarium makes in its own folders refuse one."""
+file it points to): the run lock refuses one, and `rotarium train` and `rotarium eval` write around a planted link or
+stop naming it. The file writers themselves are tested in tests/utils/test_links.py."""
 from __future__ import annotations
 
 import os
@@ -9,59 +9,20 @@ from pathlib import Path
 import pytest
 
 from rotarium.training.lock import RunLock
-from rotarium.utils.files import append_text, make_folder, write_json_atomic, write_text_atomic
-from rotarium.utils.plots import save_figure
 from tests.cli_cases import error_line, run_cli_cases
 from tests.training.helpers import cli_args
-
-SECRET = "a file outside the run, which must stay as it is\n"
+from tests.utils.helpers import SECRET, plant_link, secret_file
 
 
 @pytest.fixture
 def outside(tmp_path: Path) -> Path:
-    path = tmp_path / "elsewhere" / "secret.txt"
-    path.parent.mkdir()
-    path.write_text(SECRET)
-    return path
-
-
-def _link(path: Path, target: Path) -> None:
-    path.unlink(missing_ok=True)
-    path.symlink_to(target)
-
-
-def test_atomic_writes_replace_a_link_and_leave_its_target(tmp_path, outside):
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    for name, write in [("a.txt", lambda p: write_text_atomic(p, "new")),
-                        ("a.json", lambda p: write_json_atomic(p, {"x": 1})),
-                        ("a.png", lambda p: save_figure(plt.subplots()[0], p))]:
-        path = tmp_path / name
-        _link(path, outside)
-        write(path)
-        assert not path.is_symlink() and path.stat().st_size > 0, name
-        assert outside.read_text() == SECRET, name
-
-
-def test_appends_and_folders_refuse_a_link(tmp_path, outside):
-    log = tmp_path / "metrics.jsonl"
-    _link(log, outside)
-    with pytest.raises(ValueError, match="symbolic link"):
-        append_text(log, "{}\n")
-    folder = tmp_path / "eval"
-    folder.symlink_to(outside.parent, target_is_directory=True)
-    with pytest.raises(ValueError, match=f"{folder}.*symbolic link"):
-        make_folder(folder)
-    assert outside.read_text() == SECRET and sorted(os.listdir(outside.parent)) == ["secret.txt"]
+    return secret_file(tmp_path)
 
 
 def test_the_run_lock_refuses_a_link(tmp_path, outside):
     run = tmp_path / "run"
     run.mkdir()
-    _link(run / ".lock", outside)
+    plant_link(run / ".lock", outside)
     with pytest.raises(ValueError, match=r"lock.*symbolic link"):
         RunLock(run)
     assert outside.read_text() == SECRET
@@ -73,18 +34,18 @@ def test_train_and_eval_never_write_through_a_planted_link(tmp_path, corpus, out
     first = run_cli_cases({"train": ["train", *base, "--output-dir", str(run)]}, tmp_path)
     assert first["train"][0] == 0, first["train"][1][-3000:]
 
-    _link(run / ".lock", outside)
+    plant_link(run / ".lock", outside)
     results = run_cli_cases({"resume through a linked lock": ["train", "--output-dir", str(run), "--resume"]},
                             tmp_path)
     assert "symbolic link" in error_line(results["resume through a linked lock"], "train")
     assert outside.read_text() == SECRET
 
     (run / ".lock").unlink()
-    _link(run / "loss_curve.png", outside)
+    plant_link(run / "loss_curve.png", outside)
     final = run / "final"
     (final / "eval").mkdir(exist_ok=True)
-    _link(final / "eval" / "perplexity.png", outside)
-    _link(final / "eval" / "perplexity.json", outside)
+    plant_link(final / "eval" / "perplexity.png", outside)
+    plant_link(final / "eval" / "perplexity.json", outside)
     linked_eval = tmp_path / "linked_model"
     linked_eval.mkdir()
     for entry in final.iterdir():

@@ -9,12 +9,10 @@ from pathlib import Path
 import pytest
 
 from rotarium.data.documents import embedded_documents
-from rotarium.hub import export_checkpoint, read_checkpoint
-from rotarium.hub.card import model_card
+from rotarium.hub import export_checkpoint
 from rotarium.training.config import load_config
 from rotarium.training.metrics import append_record, plot_loss_curve, truncate_metrics
 from rotarium.training.trainer import Trainer
-from tests.hub.helpers import make_checkpoint
 from tests.training.helpers import TINY, scale_losses
 
 
@@ -58,11 +56,3 @@ def test_writers_and_readers_of_metrics_jsonl(tmp_path):
     append_record(path, {"step": 3, "val_loss": float("nan")})
     plot_loss_curve(path, tmp_path / "loss.png")
     assert (tmp_path / "loss.png").stat().st_size > 0
-
-
-def test_the_card_of_a_run_that_ended_on_a_non_finite_loss(tmp_path):
-    make_checkpoint(tmp_path / "run" / "final", "gla", "rope")
-    append_record(tmp_path / "run" / "metrics.jsonl", {"step": 7, "loss": float("nan"), "tokens": 700})
-    checkpoint = read_checkpoint(tmp_path / "run" / "final")
-    card = model_card(checkpoint, repo="someone/tiny", num_parameters=1000)
-    assert "Final training loss at step 7: not finite." in card and "Tokens: 700" in card

@@ -9,14 +9,12 @@ and never a "final model" of nothing."""
 from __future__ import annotations
 
 import json
-import logging
 import shutil
 from pathlib import Path
 
 import pytest
 
-from rotarium.data.config import DataSection
-from rotarium.data.documents import embedded_documents, iter_documents
+from rotarium.data.documents import embedded_documents
 from rotarium.training.config import load_config
 from tests.cli_cases import error_line, run_cli_cases
 from tests.training.helpers import cli_args, ok, run_child
@@ -213,15 +211,3 @@ def test_the_smallest_values_that_train_are_accepted():
     assert config.data.seq_len == 2 and config.train.global_batch_size == 16
     # a named tokenizer has its own size: the trained BPE's minimum does not apply
     assert load_config(None, {"tokenizer.name": "gpt2", "tokenizer.vocab_size": "100"}).tokenizer.vocab_size == 100
-
-
-def test_rows_without_the_text_field_are_counted_and_reported(tmp_path, caplog):
-    rows = [{"text": d} for d in DOCS[:10]]
-    rows[3] = {"body": "no text here"}
-    rows[7] = {"text": None}
-    path = tmp_path / "some.jsonl"
-    path.write_text(_jsonl(rows))
-    with caplog.at_level(logging.WARNING):
-        documents = list(iter_documents(DataSection(source=str(path))))
-    assert len(documents) == 8
-    assert f"2 of the 10 rows read have no `text` (the first: {path} row 4)" in caplog.text
