@@ -5,7 +5,7 @@
 PYTHON ?= python3
 TORCH_CPU ?= torch==2.13.0
 
-.PHONY: install lint test demo bench
+.PHONY: install lint test test-fast demo bench
 
 install:
 	$(PYTHON) -m pip install -q $(TORCH_CPU)
@@ -17,6 +17,11 @@ lint:
 # CI runs `make test`, so the lint runs there too, before the suite.
 test: lint
 	$(PYTHON) -m pytest -q -n 2 --dist loadgroup --durations=15 tests
+
+# The edit-test loop: everything but the tests marked slow (child processes, distributed runs, Triton's interpreter,
+# real training steps), which `make test` and CI still run.
+test-fast: lint
+	$(PYTHON) -m pytest -q -n 2 --dist loadgroup -m "not slow" tests
 
 demo:
 	$(PYTHON) -m rotarium train

@@ -786,7 +786,7 @@ def check_e2e(family: str, encoding: str, ctx: Context) -> tuple[str, str]:
 def check_no_host_sync(family: str, encoding: str, ctx: Context) -> tuple[str, str]:
     """A training forward and backward (unpadded batch, fla on ``auto``) under CUDA's sync debug mode set to raise:
     once fla's kernels are compiled, nothing in rotarium may read a device value (the CPU's proxy is the meta-device
-    test of tests/gpu_readiness)."""
+    test, tests/models/test_meta_device.py)."""
     preset, overrides = FAMILY_ROWS[family]
     sizes = (TINY | {"num_hidden_layers": 1}) if ctx.tiny else {"num_hidden_layers": 2, "vocab_size": 1024}
     config = preset_config(preset, **overrides, **sizes, position_encoding=encoding)

@@ -1,4 +1,5 @@
-"""flash-linear-attention's own layers and models, run on CPU: the oracle of the fidelity tests.
+"""flash-linear-attention's own layers and models, run on CPU: the oracle of the conversion tests
+(tests/hub/test_convert.py) and of the GPU check's fla peers.
 
 fla's norms, short convolution, activations and kernels are Triton, which needs a GPU. :func:`fla_on_cpu` swaps,
 while it is active, exactly those leaves for PyTorch equivalents, each under the name the fla module that calls it

@@ -62,6 +62,7 @@ def test_a_bug_still_shows_its_traceback(monkeypatch):
         _main_raising(monkeypatch, ZeroDivisionError("a bug"))
 
 
+@pytest.mark.slow
 def test_sigint_during_training_exits_130_without_a_traceback(tmp_path, corpus):
     run = tmp_path / "run"
     env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1",
@@ -84,6 +85,7 @@ def test_sigint_during_training_exits_130_without_a_traceback(tmp_path, corpus):
     assert not (run / ".lock").exists()
 
 
+@pytest.mark.slow
 def test_synthetic_checks_options_device_and_output_before_training(tmp_path):
     read_only = tmp_path / "read_only"
     read_only.mkdir()

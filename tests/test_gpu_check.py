@@ -93,6 +93,7 @@ def run_on_cpu(part: str, mode: str) -> dict[str, tuple[str, str]]:
     return rows
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("part", ["ops", "models"])
 def test_dry_run_builds_and_runs_every_row(part):
     rows = run_on_cpu(part, "dry-run")
@@ -103,6 +104,7 @@ def test_dry_run_builds_and_runs_every_row(part):
         assert "flash-attn" in rows["train transformer-370m fla's own model, same weights and batch"][1]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("part", ["ops", "models"])
 def test_fla_kernels_run_by_tritons_interpreter_agree_with_the_pytorch_path(part):
     """The CUDA path without a GPU: fla's own Triton kernels, executed by Triton's interpreter on CPU, take the calls
@@ -189,7 +191,7 @@ def test_fla_peer_is_refused_where_fla_has_no_such_model(gpu_check):
 @pytest.mark.parametrize("name", list(FLA_PEERS))
 def test_fla_peer_computes_what_the_preset_computes(gpu_check, name):
     """The peer built from a preset's fields is the same function once rotarium's model holds its weights (fla's run
-    on CPU through the fidelity tests' stand-ins), so the GPU check's first losses can be compared."""
+    on CPU through tests/fla_cpu.py's stand-ins), so the GPU check's first losses can be compared."""
     pytest.importorskip("fla.models")
     from rotarium.configs.presets import preset_config
     from rotarium.hub.convert import fit_state_dict, rename_state_dict

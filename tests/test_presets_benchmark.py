@@ -113,6 +113,7 @@ def test_every_part_of_a_tiny_row(bench):
         assert heading in text
 
 
+@pytest.mark.slow
 def test_a_row_runs_in_a_child_process(tmp_path):
     output = tmp_path / "presets.md"
     run = subprocess.run([sys.executable, str(SCRIPT), "--tiny", "--presets", "transformer-1.3b", "--options", "rove",

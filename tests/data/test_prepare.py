@@ -200,6 +200,7 @@ prepared.prepare(sys.argv[1], sys.argv[2], tokenizer=sys.argv[3], shard_tokens=i
 """
 
 
+@pytest.mark.slow
 def test_a_prepare_killed_by_sigkill_continues_to_the_same_bytes(tmp_path, source, tokenizer_folder, reference):
     out = tmp_path / "out"
     # the environment of this process: transformers records HF_HUB_OFFLINE in a saved tokenizer's config
@@ -299,6 +300,7 @@ def test_the_reader_refuses_a_damaged_folder(tmp_path, reference):
         PreparedCorpus(copy)
 
 
+@pytest.mark.slow
 def test_bad_input_gets_one_line(tmp_path, source, tokenizer_folder, reference):
     empty = tmp_path / "empty.jsonl"
     empty.write_text('{"text": "  "}\n{"text": ""}\n', encoding="utf-8")

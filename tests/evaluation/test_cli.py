@@ -11,6 +11,7 @@ from rotarium.evaluation import cli as eval_cli
 from tests.cli_cases import error_line, run_cli_cases
 
 
+@pytest.mark.slow
 def test_eval_and_generate_check_the_device_before_loading(tmp_path):
     results = run_cli_cases({
         "eval": ["eval", "--model", str(tmp_path), "--device", "cuda:7"],

@@ -64,6 +64,7 @@ def loglikelihood(model, tokenizer, context: str, continuation: str) -> float:
     return sum(float(logp[i - 1, whole[i]]) for i in range(n, len(whole)))
 
 
+@pytest.mark.slow
 def test_eval_tasks_runs_local_tasks_offline_and_matches_the_model(tiny_checkpoint, tiny_model, tokenizer, tmp_path):
     tasks = tmp_path / "tasks"
     write_local_tasks(tasks)
@@ -149,6 +150,7 @@ def test_a_missing_lm_eval_is_one_line_naming_the_extra(monkeypatch):
         downstream.require_lm_eval()
 
 
+@pytest.mark.slow
 def test_eval_tasks_refusals_are_one_line(tiny_checkpoint, tmp_path):
     model = ["eval", "--model", str(tiny_checkpoint), "--output-dir", str(tmp_path / "out")]
     results = run_cli_cases({

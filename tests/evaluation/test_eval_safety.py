@@ -23,6 +23,8 @@ from tests.cli_cases import error_line, run_cli_cases
 from tests.hub.helpers import CodeInPickle
 from tests.training.helpers import ROOT, TINY, cli_args
 
+pytestmark = pytest.mark.slow
+
 SHORT = ["--context-lengths", "16", "--max-tokens", "256"]
 
 

@@ -342,6 +342,7 @@ def test_answer_likelihood_on_known_cases(tiny_model):
 # The command
 
 
+@pytest.mark.slow
 def test_eval_ruler_writes_json_table_and_plot(tiny_checkpoint, tmp_path):
     out = tmp_path / "eval"
     result = run_child(["eval", "--model", str(tiny_checkpoint), "--ruler", "niah_single_1,vt", "--context-lengths",
@@ -359,6 +360,7 @@ def test_eval_ruler_writes_json_table_and_plot(tiny_checkpoint, tmp_path):
     assert (out / "ruler.png").stat().st_size > 1000
 
 
+@pytest.mark.slow
 def test_eval_ruler_refusals_are_one_line_before_the_model_runs(tiny_checkpoint, tmp_path):
     model = ["eval", "--model", str(tiny_checkpoint), "--output-dir", str(tmp_path)]
     results = run_cli_cases({

@@ -334,6 +334,7 @@ json.dump({"module": type(model).__module__, "diff": diff,
 """
 
 
+@pytest.mark.slow
 def test_converted_folder_loads_without_rotarium(tmp_path):
     fla_model = tiny_fla_model("gated_deltanet", hidden_size=72, num_heads=6, head_dim=16)
     fla_model.save_pretrained(tmp_path / "fla")

@@ -173,6 +173,7 @@ def results(root) -> dict[str, tuple[int, str] | None]:
     return run_cli_cases(cases, root, skip_if_writable={"read-only output": root / "read-only"})
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", list(CASES))
 def test_bad_sources_and_outputs_are_refused_in_one_line(case, root, results):
     if results[case] is None:
@@ -184,6 +185,7 @@ def test_bad_sources_and_outputs_are_refused_in_one_line(case, root, results):
     assert "weights_only=False" not in message and "weights_only` set to `False" not in message
 
 
+@pytest.mark.slow
 def test_nothing_outside_the_source_is_converted_and_no_source_is_lost(root, results):
     assert not (root / "out").exists() or not any((root / "out").iterdir())  # no output, not even a temporary one
     for holder in ("same", "parent", "dotdot", "inside", "linked-out"):
@@ -254,6 +256,7 @@ with open(sys.argv[2], "w") as f:
 """
 
 
+@pytest.mark.slow
 def test_a_config_larger_than_its_weights_is_refused_before_anything_is_allocated(tmp_path):
     from tests.fla_cpu import tiny_fla_model
 

@@ -120,6 +120,7 @@ def results(root) -> dict[str, tuple[int, str] | None]:
     return run_cli_cases(cases, root, skip_if_writable={"export: read-only output": root / "read-only"})
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("command", ["export", "push"])
 @pytest.mark.parametrize("case", list(CASES))
 def test_a_checkpoint_that_would_publish_the_wrong_thing_is_refused(case, command, root, results):
@@ -135,6 +136,7 @@ def test_a_checkpoint_that_would_publish_the_wrong_thing_is_refused(case, comman
     assert leaked == []
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", list(OPTION_CASES))
 def test_outputs_and_card_options_are_checked_before_the_work(case, root, results):
     if results[case] is None:

@@ -110,6 +110,7 @@ def test_push_to_hub_of_a_model_uploads_the_code(monkeypatch):
     assert uploaded["config"]["auto_map"]["AutoModelForCausalLM"] == "modeling_rotarium.DeltaNetForCausalLM"
 
 
+@pytest.mark.slow
 def test_dry_run_as_a_user_runs_it(checkpoint, tmp_path):
     command = [*rotarium_command(), "push", str(checkpoint), "someone/fox-tiny", "--private", "--revision", "dev",
                "--dry-run"]

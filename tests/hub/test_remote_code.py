@@ -22,6 +22,7 @@ def files(tmp_path_factory):
     return folder
 
 
+@pytest.mark.slow
 def test_bundle_covers_every_module_the_model_imports():
     # What importing the model really loads, in a fresh interpreter.
     script = ("import sys, rotarium.models.modeling, rotarium.models.remote_code\n"

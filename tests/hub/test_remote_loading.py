@@ -4,11 +4,14 @@ from __future__ import annotations
 import json
 import re
 
+import pytest
 import torch
 
 from rotarium.hub import export_checkpoint
 from tests.hub.helpers import BLOCK_ROTARIUM, expected_outputs, make_checkpoint, run_python
 from tests.models.helpers import COMBINATIONS
+
+pytestmark = pytest.mark.slow
 
 CHILD = BLOCK_ROTARIUM + r"""
 import contextlib, io, json, runpy, sys

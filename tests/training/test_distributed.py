@@ -11,7 +11,7 @@ import torch
 from tests.training.helpers import accelerate_config, cli_args, free_port, losses, ok, run_child
 
 # The tests here share launches; one xdist worker runs them all (make test uses --dist loadgroup).
-pytestmark = pytest.mark.xdist_group("distributed")
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("distributed")]
 
 STEPS = {"train.max_steps": 4, "train.save_every": 2, "train.eval_every": 2}
 # 8 sequences per step whatever the number of processes: 4 per process x 2 processes, or 4 x 2 micro-batches x 1

@@ -50,6 +50,7 @@ def test_generation_settings_that_cannot_work_are_refused_naming_the_flag(option
         generate_text(None, None, "x", **options)
 
 
+@pytest.mark.slow
 def test_eval_writes_table_and_plot(reference, tmp_path):
     out = tmp_path / "eval"
     result = run_child(["eval", "--model", str(reference / "final"), "--context-lengths", "16,32,64",
@@ -62,6 +63,7 @@ def test_eval_writes_table_and_plot(reference, tmp_path):
     assert (out / "perplexity.png").stat().st_size > 1000
 
 
+@pytest.mark.slow
 def test_eval_on_a_local_text_file(reference, corpus, tmp_path):
     result = run_child(["eval", "--model", str(reference / "final"), "--data", str(corpus), "--context-lengths",
                         "32", "--max-tokens", "512", "--output-dir", str(tmp_path)])
@@ -69,6 +71,7 @@ def test_eval_on_a_local_text_file(reference, corpus, tmp_path):
     assert str(corpus) in result.stdout
 
 
+@pytest.mark.slow
 def test_generate_samples_and_greedy_is_deterministic(reference):
     args = ["generate", "--model", str(reference / "final"), "--prompt", "The for", "--max-new-tokens", "8",
             "--json"]
@@ -80,6 +83,7 @@ def test_generate_samples_and_greedy_is_deterministic(reference):
     assert greedy[0] == greedy[1]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("args, message", [
     (["eval", "--model", "/nonexistent/model"], "--model /nonexistent/model"),
     (["eval", "--model", "x", "--context-lengths", "a,b"], "--context-lengths"),
@@ -95,6 +99,7 @@ def test_bad_input_gets_a_clear_message(args, message):
     assert message in result.stderr and "Traceback" not in result.stderr
 
 
+@pytest.mark.slow
 def test_every_command_explains_its_options():
     for command in ("train", "eval", "generate"):
         result = subprocess.run([sys.executable, "-m", "rotarium", command, "--help"], capture_output=True,

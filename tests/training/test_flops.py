@@ -94,6 +94,7 @@ def test_the_record_has_flops_per_second_and_on_a_known_gpu_the_utilisation(monk
     assert record["mfu"] == pytest.approx(0.1) and postfix["mfu"] == "10.0%" and "flops" not in postfix
 
 
+@pytest.mark.slow
 def test_a_cpu_run_logs_its_flops_per_second_without_a_utilisation(reference):
     records = [json.loads(line) for line in (reference / "metrics.jsonl").read_text().splitlines()]
     start = records[0]

@@ -5,6 +5,8 @@ from transformers import Trainer, TrainingArguments
 
 import rotarium
 
+pytestmark = pytest.mark.slow
+
 
 class Tokens(torch.utils.data.Dataset):
     def __init__(self, n=32, T=24, vocab=64):

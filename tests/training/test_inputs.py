@@ -77,6 +77,7 @@ def results(folder) -> dict[str, tuple[int, str] | None]:
     return run_cli_cases(cases, folder, skip_if_writable={"read-only output folder": folder / "read_only"})
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", list(_cases(Path("."))))
 def test_bad_input_is_one_line_with_exit_code_2(case, folder, results):
     if results[case] is None:

@@ -28,6 +28,7 @@ def test_the_run_lock_refuses_a_link(tmp_path, outside):
     assert outside.read_text() == SECRET
 
 
+@pytest.mark.slow
 def test_train_and_eval_never_write_through_a_planted_link(tmp_path, corpus, outside):
     run = tmp_path / "run"
     base = cli_args(corpus, train__max_steps=2, train__save_every=1, train__eval_every=2)

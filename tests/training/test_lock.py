@@ -33,6 +33,7 @@ sys.exit(main(sys.argv[1:]))
 """
 
 
+@pytest.mark.slow
 def test_a_second_run_on_the_same_folder_stops_at_once_naming_the_holder(corpus, tmp_path):
     run_dir = tmp_path / "run"
     args = ["train", "--output-dir", str(run_dir), *cli_args(corpus, train__max_steps=2, train__save_every=1,
@@ -77,6 +78,7 @@ def test_a_held_lock_names_its_holder_and_is_released(tmp_path):
     RunLock(tmp_path / "run").release()
 
 
+@pytest.mark.slow
 def test_a_lock_left_by_a_dead_process_is_taken_over(tmp_path):
     dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True,
                           check=True)
@@ -98,6 +100,7 @@ def test_a_failed_start_releases_the_lock(tmp_path, capsys):
     RunLock(run_dir).release()
 
 
+@pytest.mark.slow
 def test_without_file_locks_the_holder_pid_and_host_decide(tmp_path, monkeypatch):
     import errno
     import fcntl

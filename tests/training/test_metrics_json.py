@@ -24,6 +24,7 @@ def strict_records(path: Path) -> list[dict]:
     return [json.loads(line, parse_constant=refuse) for line in path.read_text().splitlines()]
 
 
+@pytest.mark.slow
 def test_a_run_with_a_nan_step_writes_strict_json(tmp_path, monkeypatch):
     corpus = tmp_path / "corpus.txt"
     corpus.write_text("\n\n\n".join(embedded_documents()[:40]))

@@ -24,6 +24,7 @@ def _verdicts(run_dir):
     return {p.name: read_trainer_state(p)["good"] for p in complete_checkpoints(run_dir)}
 
 
+@pytest.mark.slow
 def test_a_spike_then_nans_names_the_checkpoint_before_the_spike(corpus, tmp_path, monkeypatch):
     # step 5: a loss a million times too high, yet finite; from step 7 on: NaN
     scale_losses(monkeypatch, lambda n: 1e6 if n == 5 else math.nan if n >= 7 else 1.0)
@@ -38,6 +39,7 @@ def test_a_spike_then_nans_names_the_checkpoint_before_the_spike(corpus, tmp_pat
     assert "step 5" in read_trainer_state(tmp_path / "run" / "checkpoints" / "step-6")["why_not_good"]
 
 
+@pytest.mark.slow
 def test_a_slow_blow_up_warns_and_resume_goes_back_to_the_last_good_checkpoint(corpus, tmp_path, monkeypatch,
                                                                              caplog):
     scale_losses(monkeypatch, lambda n: 2.0 ** max(0, n - 6))  # doubles every step after step 6, stays finite

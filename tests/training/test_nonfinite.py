@@ -9,6 +9,8 @@ from rotarium.training.run_folder import latest_checkpoint
 from rotarium.training.trainer import Trainer, TrainingDiverged
 from tests.training.helpers import TINY, scale_losses
 
+pytestmark = pytest.mark.slow
+
 
 def _config(corpus, **extra):
     return load_config(None, {**TINY, "data.source": str(corpus), **extra})

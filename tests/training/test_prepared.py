@@ -221,6 +221,7 @@ def prepared_run(folder, tmp_path_factory) -> Path:
     return run_dir
 
 
+@pytest.mark.slow
 def test_a_prepared_run_repeats_a_tokenising_run_on_the_same_documents(corpus, tokenizer_folder, prepared_run,
                                                                        tmp_path):
     """The same documents, tokenizer and seed: the same sequences in the same order, so the same losses."""
@@ -235,6 +236,7 @@ def test_a_prepared_run_repeats_a_tokenising_run_on_the_same_documents(corpus, t
     assert all(r["data_wait_seconds"] >= 0 for r in records if "loss" in r)
 
 
+@pytest.mark.slow
 def test_a_checkpoint_records_the_data_position(prepared_run, folder):
     prepared = PreparedCorpus(folder)
     data = read_trainer_state(latest_checkpoint(prepared_run))["data"]
@@ -246,6 +248,7 @@ def test_a_checkpoint_records_the_data_position(prepared_run, folder):
         (folder / "tokenizer" / "tokenizer.json").read_text())
 
 
+@pytest.mark.slow
 def test_eval_scores_the_validation_split_the_run_held_out(prepared_run, folder, tmp_path):
     from rotarium.evaluation.perplexity import evaluation_documents, evaluation_tokens
 
@@ -303,6 +306,7 @@ def refusals(corpus, folder, prepared_run, tmp_path_factory) -> tuple[Path, dict
     return work, run_cli_cases(cases, work)
 
 
+@pytest.mark.slow
 def test_a_moved_folder_with_the_same_content_resumes(refusals):
     work, results = refusals
     code, err = results["moved"]
@@ -310,6 +314,7 @@ def test_a_moved_folder_with_the_same_content_resumes(refusals):
     assert sorted(losses(work / "run-moved")) == [1, 2, 3, 4]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case,expected", [
     ("content", ["`data.source=", "refilled` is not the prepared folder step-2 was trained on",
                  "its content differs (fingerprint", "--allow-config-change data"]),
@@ -325,6 +330,7 @@ def test_a_changed_folder_or_tokenizer_is_refused_by_name(refusals, case, expect
         assert text in message, f"{text!r} not in {message!r}"
 
 
+@pytest.mark.slow
 def test_allow_config_change_data_goes_on_with_a_changed_folder(refusals):
     work, _ = refusals
     run_dir = work / "run-content"
@@ -341,6 +347,7 @@ GLOBAL = {"train__max_steps": 4, "train__save_every": 2, "train__eval_every": 2,
           "data__num_workers": 2}
 
 
+@pytest.mark.slow
 @pytest.mark.xdist_group("distributed")
 def test_ddp_with_workers_killed_and_resumed_repeats_the_run_also_on_one_process(folder, tmp_path):
     uninterrupted, killed = tmp_path / "uninterrupted", tmp_path / "killed"
@@ -366,6 +373,7 @@ def test_ddp_with_workers_killed_and_resumed_repeats_the_run_also_on_one_process
     assert all(abs(mine[s] - ref[s]) <= 1e-6 for s in (3, 4)), (mine, ref)
 
 
+@pytest.mark.slow
 @pytest.mark.xdist_group("distributed")
 def test_fsdp_reads_a_prepared_folder_with_workers(folder, tmp_path):
     run_dir = tmp_path / "fsdp"

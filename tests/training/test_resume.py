@@ -16,6 +16,8 @@ from rotarium.cli import main
 from rotarium.training.run_folder import CHECKSUMS, TRAINING_ARGS, choose_checkpoint, complete_checkpoints
 from tests.training.helpers import cli_args, losses, ok, run_child
 
+pytestmark = pytest.mark.slow
+
 SHORT = {"train__max_steps": 6, "train__save_every": 2, "train__eval_every": 6}
 
 

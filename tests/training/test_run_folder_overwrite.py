@@ -31,7 +31,7 @@ def _files(folder: Path) -> dict[str, bytes]:
     return {p.relative_to(folder).as_posix(): p.read_bytes() for p in folder.rglob("*") if p.is_file()}
 
 
-@pytest.mark.parametrize("bad", ["typo", "binary", "model"])
+@pytest.mark.parametrize("bad", [pytest.param("typo", marks=pytest.mark.slow), "binary", "model"])
 def test_overwrite_with_bad_data_or_model_leaves_the_old_run_untouched(bad, corpus, tmp_path, capsys):
     run_dir = tmp_path / "run"
     old = _old_run(run_dir)
@@ -49,6 +49,7 @@ def test_overwrite_with_bad_data_or_model_leaves_the_old_run_untouched(bad, corp
     assert _files(run_dir) == old
 
 
+@pytest.mark.slow
 def test_a_kill_before_the_first_checkpoint_leaves_the_old_run_whole_in_previous(corpus, tmp_path, capsys):
     run_dir = tmp_path / "run"
     old = _old_run(run_dir)
@@ -68,6 +69,7 @@ def test_a_kill_before_the_first_checkpoint_leaves_the_old_run_whole_in_previous
     assert _files(run_dir / PREVIOUS) == kept
 
 
+@pytest.mark.slow
 def test_overwrite_drops_the_old_run_after_the_first_checkpoint(corpus, tmp_path):
     run_dir = tmp_path / "run"
     old = _old_run(run_dir)

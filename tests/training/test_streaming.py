@@ -222,10 +222,12 @@ def _resumes_exactly(tmp_path, data, **extra):
     assert val[12] < val[0] and torch.isfinite(torch.tensor(list(val.values()))).all()
 
 
+@pytest.mark.slow
 def test_streaming_run_resumes_exactly_after_sigkill(tmp_path):
     _resumes_exactly(tmp_path, _jsonl(tmp_path / "docs.jsonl", DOCUMENTS[:40]))
 
 
+@pytest.mark.slow
 def test_streaming_run_of_several_shards_with_workers_resumes_exactly_after_sigkill(tmp_path):
     _resumes_exactly(tmp_path, _shards(tmp_path / "shards", 5, 8), data__num_workers=2)
 
@@ -233,6 +235,7 @@ def test_streaming_run_of_several_shards_with_workers_resumes_exactly_after_sigk
 DDP = ["--config_file", accelerate_config("ddp_cpu.yaml"), "--num_processes", "2"]
 
 
+@pytest.mark.slow
 @pytest.mark.xdist_group("distributed")
 def test_ddp_streaming_run_with_workers_resumes_exactly_and_refuses_another_process_count(tmp_path):
     data = _shards(tmp_path / "shards", 4, 10)

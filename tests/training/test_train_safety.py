@@ -127,6 +127,7 @@ def results(folder, corpus) -> dict[str, tuple[int, str] | None]:
     return run_cli_cases(_cases(folder, corpus), folder)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", list(EXPECTED))
 def test_one_line_error_naming_the_problem(case, results):
     message = error_line(results[case], "train")
@@ -139,11 +140,13 @@ def _files(folder: Path) -> dict[str, bytes]:
     return {p.relative_to(folder).as_posix(): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
 
 
+@pytest.mark.slow
 def test_a_refused_rewind_leaves_the_run_as_it_was(finished, folder, results):
     for name in ("lower", "older", "past"):  # run by the cases of the same names
         assert _files(folder / name) == _files(finished), name
 
 
+@pytest.mark.slow
 def test_allow_rewind_keeps_what_it_replaces(finished, folder, results):
     code, err = results["lower --max-steps with --allow-rewind"]
     assert code == 0, err[-3000:]
@@ -160,12 +163,14 @@ def test_allow_rewind_keeps_what_it_replaces(finished, folder, results):
     assert max(steps) == 3
 
 
+@pytest.mark.slow
 def test_a_damaged_trainer_state_of_an_older_checkpoint_is_skipped_with_a_warning(results):
     code, err = results["damaged older trainer state"]
     assert code == 0 and "Traceback" not in err, err[-3000:]
     assert "step-2/trainer_state.json is unreadable" in err and "skipped as not good" in err
 
 
+@pytest.mark.slow
 def test_a_fresh_run_builds_its_own_tokenizer(folder, results):
     assert error_line(results["failed run"], "train")  # it stopped after writing its tokenizer
     code, err = results["fresh run after it"]

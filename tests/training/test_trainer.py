@@ -5,8 +5,12 @@ import math
 import shutil
 import signal
 
+import pytest
+
 from rotarium.training.run_folder import COMPLETE, latest_checkpoint
 from tests.training.helpers import cli_args, losses, ok, run_child
+
+pytestmark = pytest.mark.slow
 
 
 def test_short_run_learns_and_leaves_a_loadable_model(reference):
