@@ -10,7 +10,7 @@ from rotarium.models.configuration import (
     RotariumConfig,
     TransformerConfig,
 )
-from rotarium.models.loading import load_pretrained, loading_problems
+from rotarium.models.loading import load_pretrained, loading_problems, with_rope_parameters
 from rotarium.models.modeling import (
     FAMILY_MODELS,
     DeltaNetForCausalLM,
@@ -46,5 +46,5 @@ __all__ = [
     "FoXForCausalLM", "FoXModel", "GLAConfig", "GLAForCausalLM", "GLAModel", "RotariumCache", "RotariumConfig",
     "RotariumForCausalLM", "RotariumModel", "RotariumPreTrainedModel", "TransformerConfig", "TransformerForCausalLM",
     "TransformerModel", "load_pretrained", "loading_problems", "register_auto_classes",
-    "set_activation_checkpointing",
+    "set_activation_checkpointing", "with_rope_parameters",
 ]

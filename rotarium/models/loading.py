@@ -8,6 +8,7 @@ before it reports.
 """
 from __future__ import annotations
 
+import copy
 import pickle
 from collections.abc import Iterable, Mapping
 from pathlib import Path
@@ -85,3 +86,17 @@ def load_pretrained(path: str, *, flag: str, model_class: Any = None, **kwargs: 
                          "them would put random tensors in place of missing ones and drop unexpected ones, so they "
                          "are refused: use a checkpoint whose weights are complete")
     return model
+
+
+def with_rope_parameters(model: PreTrainedModel, rope_parameters: Mapping[str, Any]) -> PreTrainedModel:
+    """A copy of ``model`` whose positional layers use ``rope_parameters`` (transformers' RoPE scaling, e.g.
+    ``{"rope_type": "yarn", "factor": 4}``), in eval mode on the model's device: what
+    ``from_pretrained(folder, rope_parameters=...)`` gives for the saved model, without saving it. Frequencies are
+    not weights, so the copy's are computed from its own config; ``ValueError`` when the scaling does not apply."""
+    config = type(model.config).from_dict(model.config.to_dict(), rope_parameters=dict(rope_parameters))
+    parameter = next(model.parameters())
+    scaled = type(model)(config).to(device=parameter.device, dtype=parameter.dtype)
+    scaled.load_state_dict(model.state_dict(), strict=True)
+    # generate reads its settings (use_cache above all) from the model's, which a config rebuilt later may not match
+    scaled.generation_config = copy.deepcopy(model.generation_config)
+    return scaled.eval()

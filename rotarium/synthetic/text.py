@@ -3,10 +3,13 @@
 Every family x positional option x seed trains the same small model (the training job's, ``rotarium train``) for
 the same number of tokens at one sequence length on the same corpus with one shared tokenizer, then scores the
 run's held-out documents at context lengths from the training length to a multiple of it
-(:func:`rotarium.evaluation.perplexity.perplexity_by_context`). Each finished run appends its rows to
-``extrapolation.csv``; a rerun skips the runs there with the same settings and resumes an interrupted run from its
-last checkpoint. ``extrapolation.md`` (median and min-max over seeds, the claims checked seed by seed) and
-``extrapolation.png`` are written from the CSV.
+(:func:`rotarium.evaluation.perplexity.perplexity_by_context`). With ``--yarn`` the options that rotate by position
+(RoPE, RoVE) are scored again with YaRN at each longer length (factor: that length over the training length), and
+with ``--ruler`` each run also answers RULER's synthetic tasks (:mod:`rotarium.evaluation.ruler`) from the training
+length to a multiple of it, scored by generation and by the answer's likelihood. Each finished run appends its rows
+to ``extrapolation.csv`` (and ``ruler.csv``); a rerun skips the runs there with the same settings and resumes an
+interrupted run from its last checkpoint. ``extrapolation.md`` (median and min-max over seeds, the papers' claims
+checked seed by seed) and ``extrapolation.png`` (and ``ruler.png``) are written from the CSVs.
 """
 from __future__ import annotations
 
@@ -41,13 +44,74 @@ PYTHON_DOCS = "/usr/share/doc/python3/html/_sources"
 # per run.
 DEFAULTS = {"train.max_steps": 100, "train.save_every": 50, "train.eval_every": 1_000_000, "train.num_threads": 1,
             "train.keep_checkpoints": 1, "data.max_validation_tokens": 8192, "train.eval_batches": 4}
-CSV_FIELDS = ("family", "position", "seed", "context_length", "loss", "perplexity", "windows", "tokens",
-              "train_length", "train_tokens", "steps", "batch_size", "lr", "num_layers", "hidden_size", "num_heads",
-              "parameters", "train_seconds", "eval_seconds", "settings")
-# A whole run over its training steps at the probe's pace: the checkpoints, the validation at the start and the
-# end, tokenising the corpus and scoring the held-out documents at every context length.
-RUN_OVER_PROBE = 1.5
-MARGIN = 0.01  # relative: "lower perplexity" means lower by at least 1%
+CSV_FIELDS = ("family", "position", "seed", "rope_scaling", "context_length", "loss", "perplexity", "windows",
+              "tokens", "train_length", "train_tokens", "steps", "batch_size", "lr", "num_layers", "hidden_size",
+              "num_heads", "parameters", "train_seconds", "eval_seconds", "settings")
+RULER_FIELDS = ("family", "position", "seed", "rope_scaling", "task", "context_length", "samples", "score",
+                "answer_nll", "exact_match", "train_length", "settings")
+# A whole run's training over its steps at the probe's pace: the checkpoints, the validation at the start and the
+# end, tokenising the corpus.
+RUN_OVER_PROBE = 1.3
+# A RULER sample's cost in forwards of its length: the prompt for generation, the prompt and answer under teacher
+# forcing, and the generated tokens one at a time.
+RULER_FORWARDS = 3
+MARGIN = 0.01  # relative: "lower perplexity" (or answer NLL) means lower by at least 1%
+# The options whose rotations transformers' RoPE scaling rescales; NoPE has none and Selective RoPE learns its angles
+SCALABLE = ("rope", "rove")
+
+
+def variant(position: str, rope_scaling: str = "") -> str:
+    """A column of the tables: the option, with ``+yarn`` when scored with YaRN."""
+    return f"{position}+{rope_scaling}" if rope_scaling else position
+
+
+@dataclass(frozen=True)
+class Scoring:
+    """What each run is scored on after training: perplexity at ``multiples`` of the training length on
+    ``eval_tokens`` held-out tokens; with ``yarn`` again with YaRN for RoPE and RoVE; RULER's ``ruler_tasks`` at
+    ``ruler_multiples``, ``ruler_samples`` samples each."""
+
+    multiples: tuple[int, ...] = (1, 2, 4, 8)
+    eval_tokens: int = 16384
+    yarn: bool = False
+    ruler_tasks: tuple[str, ...] = ()
+    ruler_multiples: tuple[int, ...] = (1, 2, 4, 8)
+    ruler_samples: int = 20
+    # (task, multiple) pairs whose prompt fits the length: set by `fitting_ruler` before any run
+    ruler_fits: tuple[tuple[str, int], ...] = ()
+
+    def scalings(self, position: str) -> tuple[str, ...]:
+        return ("", "yarn") if self.yarn and position in SCALABLE else ("",)
+
+
+def fitting_ruler(scoring: Scoring, tokenizer: Path, train_length: int, log: Callable[[str], None]) -> Scoring:
+    """``scoring`` with the RULER tasks and lengths whose prompts fit (RULER's prompts have a fixed part, the one-shot
+    example of variable tracking above all, that a short length cannot hold): a task is scored where it fits, and
+    ``ValueError`` names a task that fits at no length."""
+    import dataclasses
+
+    from rotarium.data.tokenizer import load_tokenizer
+    from rotarium.evaluation.ruler import load_words, make_sample
+
+    if not scoring.ruler_tasks:
+        return scoring
+    loaded, words = load_tokenizer(str(tokenizer)), load_words()
+    fits = []
+    for task in scoring.ruler_tasks:
+        short = []
+        for multiple in scoring.ruler_multiples:
+            try:
+                make_sample(task, loaded, multiple * train_length, num_samples=scoring.ruler_samples, words=words)
+                fits.append((task, multiple))
+            except ValueError as error:
+                short.append((multiple * train_length, str(error)))
+        if len(short) == len(scoring.ruler_multiples):
+            raise ValueError(f"--ruler {task}: {short[-1][1]} (--ruler-multiples {max(scoring.ruler_multiples)} x "
+                             f"the training length {train_length} is the longest asked)")
+        if short:
+            log(f"RULER {task} is not scored at {', '.join(str(length) for length, _ in short)} tokens: its prompt "
+                "does not fit there")
+    return dataclasses.replace(scoring, ruler_fits=tuple(fits))
 
 
 @dataclass(frozen=True)
@@ -79,9 +143,17 @@ def settings_key(config: Config) -> str:
 
 
 def read_rows(path: Path) -> list[dict[str, Any]]:
-    return read_csv_rows(path, ints=("seed", "context_length", "windows", "train_length", "steps", "num_layers",
+    rows = read_csv_rows(path, ints=("seed", "context_length", "windows", "train_length", "steps", "num_layers",
                                      "hidden_size"),
                          floats=("train_seconds", "eval_seconds", "lr"), optional_floats=("loss", "perplexity"))
+    for row in rows:
+        row["rope_scaling"] = row.get("rope_scaling") or ""  # absent from tables written before YaRN was scored
+    return rows
+
+
+def read_ruler_rows(path: Path) -> list[dict[str, Any]]:
+    return read_csv_rows(path, ints=("seed", "context_length", "samples", "train_length"),
+                         floats=("score", "answer_nll", "exact_match"))
 
 
 def shared_tokenizer(overrides: dict[str, Any], folder: Path) -> Path:
@@ -103,12 +175,14 @@ def shared_tokenizer(overrides: dict[str, Any], folder: Path) -> Path:
     return target
 
 
-def train_and_score(overrides: dict[str, Any], unit: Unit, tokenizer: str, run_dir: str,
-                    multiples: tuple[int, ...], eval_tokens: int, progress: bool = False) -> list[dict[str, Any]]:
-    """Trains one unit (resuming its run folder) and scores its held-out documents at every context length."""
+def train_and_score(overrides: dict[str, Any], unit: Unit, tokenizer: str, run_dir: str, scoring: Scoring,
+                    progress: bool = False) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """Trains one unit (resuming its run folder) and scores it: ``(perplexity rows, RULER rows)``."""
     import torch
 
     from rotarium.evaluation.perplexity import perplexity_by_context, stream_tokens
+    from rotarium.evaluation.ruler import evaluate_ruler, load_words
+    from rotarium.models import with_rope_parameters
     from rotarium.training.trainer import Trainer
 
     config = unit_config(overrides, unit, Path(tokenizer))
@@ -118,23 +192,41 @@ def train_and_score(overrides: dict[str, Any], unit: Unit, tokenizer: str, run_d
     train_seconds = time.perf_counter() - start
     model = trainer.accelerator.unwrap_model(trainer.model).eval()
     L = config.data.seq_len
+
+    def scored(scaling: str, multiple: int) -> torch.nn.Module:
+        # YaRN stretched to the length it reads; at the training length its factor is 1, the model itself
+        if not scaling or multiple == 1:
+            return model
+        return with_rope_parameters(model, {"rope_type": scaling, "factor": float(multiple)})
+
     tokens = stream_tokens(trainer.tokenizer, trainer.data.validation_documents)
-    with torch.no_grad():
-        scores = perplexity_by_context(model, tokens, [m * L for m in multiples], max_tokens=eval_tokens,
-                                       batch_size=config.train.batch_size, progress=progress)
     m, t = config.model, config.train
     shared = {"family": unit.family, "position": unit.position, "seed": unit.seed, "train_length": L,
-              "train_tokens": result.steps * trainer.tokens_per_step, "steps": t.max_steps,
-              "batch_size": t.batch_size, "lr": config.optim.lr, "num_layers": m.num_hidden_layers,
-              "hidden_size": m.hidden_size, "num_heads": m.num_heads,
-              "parameters": sum(p.numel() for p in model.parameters()), "train_seconds": round(train_seconds, 1),
-              "eval_seconds": round(time.perf_counter() - start - train_seconds, 1),
               "settings": settings_key(config)}
-    return [{**shared, **{k: s[k] for k in ("context_length", "loss", "perplexity", "windows", "tokens")}}
-            for s in scores]
+    perplexity, ruler = [], []
+    words = load_words() if scoring.ruler_fits else None
+    with torch.no_grad():
+        for scaling in scoring.scalings(unit.position):
+            for multiple in scoring.multiples:
+                rows = perplexity_by_context(scored(scaling, multiple), tokens, [multiple * L],
+                                             max_tokens=scoring.eval_tokens, batch_size=t.batch_size,
+                                             progress=progress)
+                perplexity += [{**shared, "rope_scaling": scaling, **row} for row in rows]
+            for multiple in sorted({multiple for _, multiple in scoring.ruler_fits}):
+                tasks = [task for task, fit in scoring.ruler_fits if fit == multiple]
+                report = evaluate_ruler(scored(scaling, multiple), trainer.tokenizer, tasks, [multiple * L],
+                                        num_samples=scoring.ruler_samples, batch_size=t.batch_size, words=words,
+                                        progress=progress)
+                ruler += [{**shared, "rope_scaling": scaling, **row} for row in report["rows"]]
+    run = {"train_tokens": result.steps * trainer.tokens_per_step, "steps": t.max_steps, "batch_size": t.batch_size,
+           "lr": config.optim.lr, "num_layers": m.num_hidden_layers, "hidden_size": m.hidden_size,
+           "num_heads": m.num_heads, "parameters": sum(p.numel() for p in model.parameters()),
+           "train_seconds": round(train_seconds, 1),
+           "eval_seconds": round(time.perf_counter() - start - train_seconds, 1)}
+    return [{**row, **run} for row in perplexity], ruler
 
 
-def _worker(args: tuple) -> list[dict[str, Any]]:
+def _worker(args: tuple) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     import torch
 
     torch.set_num_threads(1)
@@ -163,53 +255,106 @@ def seconds_per_step(config: Config, tokenizer: Path, steps: int = 3, warmup: in
     return seconds_per_call(step, steps, warmup)
 
 
-def expected_seconds(configs: list, tokenizer: Path) -> float:
-    """The runs' expected time on one thread each, from a few timed steps of each family x option."""
-    per_step: dict[tuple[str, str], float] = {}
+def seconds_per_token_scored(config: Config, tokenizer: Path, length: int, warmup: int = 1) -> float:
+    """A scored token's wall time for ``config`` at context ``length`` on one thread: a forward without gradients of
+    one window of random tokens."""
+    import torch
+
+    from rotarium.data.tokenizer import load_tokenizer
+    from rotarium.training.build import build_model
+
+    torch.manual_seed(0)
+    model = build_model(config, load_tokenizer(str(tokenizer))).eval()
+    tokens = torch.randint(0, model.config.vocab_size, (1, length))
+
+    def forward() -> None:
+        with torch.no_grad():
+            model(input_ids=tokens, use_cache=False)
+
+    return seconds_per_call(forward, 1, warmup) / length
+
+
+def expected_seconds(configs: list, tokenizer: Path, scoring: Scoring) -> float:
+    """The runs' expected time on one thread each: training from a few timed steps of each family x option, scoring
+    from a timed forward at the training length and at the longest scored one (the cost of a token in between
+    interpolated linearly in the length, as attention's is)."""
+    probes: dict[tuple[str, str], tuple[float, float, float]] = {}
     total = 0.0
     for config in configs:
-        key = (config.model.family, config.model.position_encoding)
-        if key not in per_step:
-            per_step[key] = seconds_per_step(config, tokenizer)
-        total += RUN_OVER_PROBE * config.train.max_steps * per_step[key]
+        L, position = config.data.seq_len, config.model.position_encoding
+        longest = L * max([*scoring.multiples, *(multiple for _, multiple in scoring.ruler_fits)])
+        key = (config.model.family, position)
+        if key not in probes:
+            probes[key] = (seconds_per_step(config, tokenizer), seconds_per_token_scored(config, tokenizer, L),
+                           seconds_per_token_scored(config, tokenizer, longest) if longest > L else 0.0)
+        step, short, long = probes[key]
+
+        def per_token(length: int) -> float:
+            return short if length == L else short + (long - short) * (length - L) / (longest - L)  # noqa: B023
+
+        scored = sum(max(scoring.eval_tokens, m * L) // (m * L) * m * L * per_token(m * L) for m in scoring.multiples)
+        scored += sum(scoring.ruler_samples * RULER_FORWARDS * m * L * per_token(m * L)
+                      for _, m in scoring.ruler_fits)
+        total += RUN_OVER_PROBE * config.train.max_steps * step + len(scoring.scalings(position)) * scored
     return total
 
 
-def run_units(overrides: dict[str, Any], units: list[Unit], output_dir: Path, runs_dir: Path, *,
-              multiples: tuple[int, ...], eval_tokens: int, jobs: int = 1, progress: bool = True,
-              log: Callable[[str], None] = print) -> list[dict[str, Any]]:
-    """Every unit not yet in ``output_dir/extrapolation.csv`` with these settings; returns the rows of this sweep."""
-    csv_path = output_dir / "extrapolation.csv"
+def run_units(overrides: dict[str, Any], units: list[Unit], output_dir: Path, runs_dir: Path, *, scoring: Scoring,
+              jobs: int = 1, progress: bool = True,
+              log: Callable[[str], None] = print) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """Every unit not yet in ``output_dir/extrapolation.csv`` (and ``ruler.csv``) with these settings; returns the
+    perplexity and RULER rows of this sweep."""
+    csv_path, ruler_path = output_dir / "extrapolation.csv", output_dir / "ruler.csv"
     tokenizer = shared_tokenizer(overrides, runs_dir)
-    rows = read_rows(csv_path)
+    rows, ruler_rows = read_rows(csv_path), read_ruler_rows(ruler_path)
     configs = {u: unit_config(overrides, u, tokenizer) for u in units}
-    lengths = {m * configs[units[0]].data.seq_len for m in multiples}
+    L = configs[units[0]].data.seq_len
+    scoring = fitting_ruler(scoring, tokenizer, L, log)
+
+    def ours(row: dict[str, Any]) -> bool:
+        unit = Unit(row["family"], row["position"], row["seed"])
+        return unit in configs and row["settings"] == settings_key(configs[unit])
+
+    def expected(unit: Unit) -> tuple[set, set]:
+        scalings = scoring.scalings(unit.position)
+        return ({(s, m * L) for s in scalings for m in scoring.multiples},
+                {(s, task, m * L) for s in scalings for task, m in scoring.ruler_fits})
 
     def done(unit: Unit) -> bool:
-        key = settings_key(configs[unit])
-        return lengths <= {r["context_length"] for r in rows if (r["family"], r["position"], r["seed"]) ==
-                           (unit.family, unit.position, unit.seed) and r["settings"] == key}
+        mine = [r for r in rows if ours(r) and Unit(r["family"], r["position"], r["seed"]) == unit]
+        scored = [r for r in ruler_rows if ours(r) and Unit(r["family"], r["position"], r["seed"]) == unit]
+        perplexity, ruler = expected(unit)
+        return (perplexity <= {(r["rope_scaling"], r["context_length"]) for r in mine}
+                and ruler <= {(r["rope_scaling"], r["task"], r["context_length"]) for r in scored})
 
     todo = [u for u in units if not done(u)]
-    expected = expected_seconds([configs[u] for u in todo], tokenizer) / max(1, min(jobs, len(todo)))
+    estimate = expected_seconds([configs[u] for u in todo], tokenizer, scoring) / max(1, min(jobs, len(todo)))
     log(f"{len(units) - len(todo)} of {len(units)} runs already done; {len(todo)} to run with {jobs} process(es), "
-        f"expected about {expected / 60:.0f} min on this machine (timed from a few steps of each family x option; "
-        "longer if other work shares its cores)")
+        f"expected about {estimate / 60:.0f} min on this machine (timed from a few steps and forwards of each "
+        "family x option; longer if other work shares its cores)")
 
-    def record(unit: Unit, new: list[dict[str, Any]]) -> None:
-        nonlocal rows
-        key = settings_key(configs[unit])
-        rows = [r for r in rows if not ((r["family"], r["position"], r["seed"]) == (unit.family, unit.position,
-                                                                                     unit.seed)
-                                        and r["settings"] == key)] + new
-        write_csv_atomic(csv_path, rows, CSV_FIELDS)  # a sweep killed half-way keeps every finished unit
-        ppl = ", ".join(f"{r['context_length']}: {r['perplexity']}" for r in new)
-        log(f"{unit.family} {unit.position} seed {unit.seed}: perplexity {ppl} ({new[0]['train_seconds']:.0f} s)")
+    def record(unit: Unit, new: list[dict[str, Any]], new_ruler: list[dict[str, Any]]) -> None:
+        nonlocal rows, ruler_rows
 
-    tasks = [(u, (overrides, u, str(tokenizer), str(runs_dir / _run_name(u)), multiples, eval_tokens)) for u in todo]
+        def other(row: dict[str, Any]) -> bool:
+            return not (Unit(row["family"], row["position"], row["seed"]) == unit
+                        and row["settings"] == settings_key(configs[unit]))
+
+        # a sweep killed half-way keeps every finished unit
+        rows = [r for r in rows if other(r)] + new
+        write_csv_atomic(csv_path, rows, CSV_FIELDS)
+        if scoring.ruler_fits or ruler_path.exists():
+            ruler_rows = [r for r in ruler_rows if other(r)] + new_ruler
+            write_csv_atomic(ruler_path, ruler_rows, RULER_FIELDS)
+        ppl = ", ".join(f"{r['context_length']}{'+' + r['rope_scaling'] if r['rope_scaling'] else ''}: "
+                        f"{r['perplexity']}" for r in new)
+        log(f"{unit.family} {unit.position} seed {unit.seed}: perplexity {ppl} ({new[0]['train_seconds']:.0f} s "
+            f"training, {new[0]['eval_seconds']:.0f} s scoring)")
+
+    tasks = [(u, (overrides, u, str(tokenizer), str(runs_dir / _run_name(u)), scoring)) for u in todo]
     if jobs <= 1 or len(tasks) <= 1:
         for unit, args in tasks:
-            record(unit, train_and_score(*args, progress=progress))
+            record(unit, *train_and_score(*args, progress=progress))
     else:
         import multiprocessing
         from concurrent.futures import ProcessPoolExecutor, as_completed
@@ -217,32 +362,39 @@ def run_units(overrides: dict[str, Any], units: list[Unit], output_dir: Path, ru
         with ProcessPoolExecutor(max_workers=jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
             futures = {pool.submit(_worker, args): unit for unit, args in tasks}
             for future in as_completed(futures):
-                record(futures[future], future.result())
-    keys = {(u.family, u.position, u.seed): settings_key(configs[u]) for u in units}
-    return [r for r in rows if keys.get((r["family"], r["position"], r["seed"])) == r["settings"]
-            and r["context_length"] in lengths]
+                record(futures[future], *future.result())
+    wanted = {(s, m * L) for s in ("", "yarn") for m in scoring.multiples}
+    ruler_wanted = {(s, task, m * L) for s in ("", "yarn") for task, m in scoring.ruler_fits}
+    return ([r for r in rows if ours(r) and (r["rope_scaling"], r["context_length"]) in wanted
+             and (scoring.yarn or not r["rope_scaling"])],
+            [r for r in ruler_rows if ours(r) and (r["rope_scaling"], r["task"], r["context_length"]) in ruler_wanted
+             and (scoring.yarn or not r["rope_scaling"])])
 
 
 # ------------------------------------------------------------------------------------------------------- report
-def aggregate(rows: list[dict[str, Any]]) -> dict[tuple[str, str, int], dict[str, Any]]:
-    """``(family, position, context_length)`` -> median, min, max perplexity over seeds and ``by_seed``."""
+def aggregate(rows: list[dict[str, Any]], value: str = "perplexity") -> dict[tuple[str, str, int], dict[str, Any]]:
+    """``(family, variant, context_length)`` -> median, min, max of ``value`` over seeds and ``by_seed``."""
     groups: dict[tuple[str, str, int], dict[int, float]] = {}
     for r in rows:
-        if r["perplexity"] is not None:
-            groups.setdefault((r["family"], r["position"], r["context_length"]), {})[r["seed"]] = r["perplexity"]
+        if r[value] is not None:
+            key = (r["family"], variant(r["position"], r.get("rope_scaling", "")), r["context_length"])
+            groups.setdefault(key, {})[r["seed"]] = r[value]
     return {k: {"median": statistics.median(v.values()), "min": min(v.values()), "max": max(v.values()),
                 "by_seed": v} for k, v in groups.items()}
 
 
 @dataclass(frozen=True)
 class TextClaim:
-    """``option`` has a perplexity lower than every option of ``against`` by at least ``MARGIN`` (relative), seed
-    by seed, at every context length of ``where`` (``train``: the training length; ``beyond``: each longer one)."""
+    """``option`` (a table's column: an option, ``+yarn`` when scored with YaRN) is lower than every column of
+    ``against`` by at least ``MARGIN`` (relative), seed by seed, at every context length of ``where`` (``train``: the
+    training length; ``beyond``: each longer one; ``all``: both), in ``metric``: perplexity, or the answer's NLL per
+    token under teacher forcing on the RULER task of that name."""
 
     text: str
     option: str
     against: tuple[str, ...]
     where: str
+    metric: str = "perplexity"
 
 
 CLAIMS = (
@@ -252,10 +404,21 @@ CLAIMS = (
               "selective_rope", ("rope",), "train"),
     TextClaim("Selective RoPE's perplexity beyond the training length is lower than RoPE's",
               "selective_rope", ("rope",), "beyond"),
+    TextClaim("RoVE + YaRN's perplexity beyond the training length is lower than both RoVE's and RoPE + YaRN's: the "
+              "gains add (RoVE paper)", "rove+yarn", ("rove", "rope+yarn"), "beyond"),
+    TextClaim("RoVE retrieves the needle better than RoPE: a lower answer NLL on RULER's niah_single_1 (RoVE paper)",
+              "rove", ("rope",), "all", "niah_single_1"),
+    TextClaim("... and with YaRN: RoVE + YaRN below RoPE + YaRN on niah_single_1", "rove+yarn", ("rope+yarn",),
+              "beyond", "niah_single_1"),
+    TextClaim("RoVE tracks variables better than RoPE: a lower answer NLL on RULER's vt (RoVE paper)",
+              "rove", ("rope",), "all", "vt"),
+    TextClaim("... and with YaRN: RoVE + YaRN below RoPE + YaRN on vt", "rove+yarn", ("rope+yarn",), "beyond", "vt"),
 )
 
 
 def check_claim(claim: TextClaim, cells: dict, family: str, length: int) -> tuple[int, int]:
+    """``(seeds where the claim holds, seeds measured)`` at ``length``; ``cells`` from :func:`aggregate` of the
+    claim's metric."""
     options = (claim.option, *claim.against)
     by_option = [cells.get((family, o, length), {}).get("by_seed", {}) for o in options]
     seeds = sorted(set.intersection(*(set(b) for b in by_option)))
@@ -263,8 +426,34 @@ def check_claim(claim: TextClaim, cells: dict, family: str, length: int) -> tupl
     return held, len(seeds)
 
 
+def _columns(rows: list[dict[str, Any]]) -> list[str]:
+    present = {variant(r["position"], r.get("rope_scaling", "")) for r in rows}
+    return [v for p in POSITIONS for v in (p, variant(p, "yarn")) if v in present]
+
+
+def _cell(c: dict[str, Any] | None, seeds: int, digits: int = 1) -> str:
+    if c is None:
+        return "-"
+    n = len(c["by_seed"])
+    few = f" {n} seed{'s' * (n > 1)}" if n < seeds else ""
+    return f"{c['median']:.{digits}f} [{c['min']:.{digits}f}-{c['max']:.{digits}f}]{few}"
+
+
+def _claim_metric_cells(claim: TextClaim, rows: list[dict[str, Any]],
+                        ruler_rows: list[dict[str, Any]]) -> tuple[dict, list[int]]:
+    if claim.metric == "perplexity":
+        chosen, value = rows, "perplexity"
+    else:
+        chosen, value = [r for r in ruler_rows if r["task"] == claim.metric], "answer_nll"
+    columns = {variant(r["position"], r.get("rope_scaling", "")) for r in chosen}
+    if not {claim.option, *claim.against} <= columns:
+        return {}, []
+    return aggregate(chosen, value), sorted({r["context_length"] for r in chosen})
+
+
 def markdown_report(rows: list[dict[str, Any]], command: str | None, corpus: str, seeds: tuple[int, ...],
-                    units: int) -> str:
+                    units: int, ruler_rows: list[dict[str, Any]] = ()) -> str:
+    ruler_rows = list(ruler_rows)
     first = rows[0]
     L = first["train_length"]
     cells = aggregate(rows)
@@ -273,48 +462,82 @@ def markdown_report(rows: list[dict[str, Any]], command: str | None, corpus: str
     out = ["## Length extrapolation on text", ""]
     if command:
         out += [f"Command: `{command}`", ""]
+    scored = "perplexity"
+    if any(r["rope_scaling"] for r in rows):
+        scored += " (RoPE and RoVE also with YaRN, factor = context / training length)"
+    if ruler_rows:
+        scored += f"; RULER {', '.join(dict.fromkeys(r['task'] for r in ruler_rows))}"
     out += [(f"Budget: {first['num_layers']} layers, width {first['hidden_size']}, {first['num_heads']} heads; "
             f"{first['steps']} steps of {first['batch_size']} x {L} tokens ({int(first['train_tokens']):,} training "
             f"tokens per run), lr {first['lr']:g}; corpus `{corpus}`, one shared BPE; seeds "
-            f"{', '.join(map(str, seeds))}. Wall time per run (training and evaluation, one thread; longer on a "
-            f"shared CPU): median "
+            f"{', '.join(map(str, seeds))}; scored: {scored}. Wall time per run (training and scoring, one thread; "
+            f"longer on a shared CPU): median "
             f"{statistics.median(seconds) / 60:.1f} min (min-max {min(seconds) / 60:.1f}-{max(seconds) / 60:.1f}); "
             f"{sum(seconds) / 60:.0f} min for the {len(runs)} runs one after another."), "",
             (f"Status: **complete**, all {len(runs)} runs." if len(runs) >= units else
              f"Status: **partial**, {len(runs)} of {units} runs; cells with fewer seeds say how many."), "",
             ("Cells: perplexity on each run's held-out documents, median over seeds [min-max]; the same tokens are "
             "scored at every context length."), ""]
-    positions = [p for p in POSITIONS if any(r["position"] == p for r in rows)]
+    columns = _columns(rows)
     families = [f for f in FAMILIES if any(r["family"] == f for r in rows)]
     lengths = sorted({r["context_length"] for r in rows})
     for length in lengths:
         kind = f"beyond training, {length // L}x" if length > L else "the training length"
-        out += [f"**Context {length} ({kind})**", "", "| family | " + " | ".join(positions) + " |",
-                "|---|" + "---:|" * len(positions)]
+        out += [f"**Context {length} ({kind})**", "", "| family | " + " | ".join(columns) + " |",
+                "|---|" + "---:|" * len(columns)]
         for family in families:
-            line = []
-            for position in positions:
-                c = cells.get((family, position, length))
-                if c is None:
-                    line.append("-")
-                    continue
-                n = len(c["by_seed"])
-                few = f" {n} seed{'s' * (n > 1)}" if n < len(seeds) else ""
-                line.append(f"{c['median']:.1f} [{c['min']:.1f}-{c['max']:.1f}]{few}")
-            out.append(f"| {family} | " + " | ".join(line) + " |")
+            out.append(f"| {family} | " + " | ".join(_cell(cells.get((family, c, length)), len(seeds))
+                                                     for c in columns) + " |")
         out.append("")
+    if ruler_rows:
+        out += _ruler_section(ruler_rows, families, L, len(seeds))
     out += ["### Claims, seed by seed", "",
             (f"A claim holds for a family only when it holds for every seed (paired by seed); \"lower\" means lower by "
             f"at least {100 * MARGIN:.0f}%."), ""]
     for claim in CLAIMS:
-        claim_lengths = [x for x in lengths if (x > L) == (claim.where == "beyond")]
+        claim_cells, claim_lengths = _claim_metric_cells(claim, rows, ruler_rows)
+        claim_lengths = [x for x in claim_lengths if claim.where == "all" or (x > L) == (claim.where == "beyond")]
+        if not claim_lengths:
+            continue
         out += [f"**{claim.text}**", "", "| family | " + " | ".join(f"context {x}" for x in claim_lengths) + " |",
                 "|---|" + "---|" * len(claim_lengths)]
         for family in families:
-            out.append(f"| {family} | " + " | ".join(verdict(*check_claim(claim, cells, family, x))
+            out.append(f"| {family} | " + " | ".join(verdict(*check_claim(claim, claim_cells, family, x))
                                                       for x in claim_lengths) + " |")
         out.append("")
     return "\n".join(out)
+
+
+def _ruler_section(ruler_rows: list[dict[str, Any]], families: list[str], L: int, seeds: int) -> list[str]:
+    out = ["### RULER", "",
+           ("Each run answers the same samples (RULER's seed 42, the shared tokenizer; a task only at the lengths its "
+            "prompt fits). Cells: the answer's negative log-likelihood per token under teacher forcing, median over "
+            "seeds [min-max], then RULER's score (% of gold answers in the greedy generation, median over seeds)."),
+           ""]
+    columns = _columns(ruler_rows)
+    for task in dict.fromkeys(r["task"] for r in ruler_rows):
+        mine = [r for r in ruler_rows if r["task"] == task]
+        nll, score = aggregate(mine, "answer_nll"), aggregate(mine, "score")
+        lengths = sorted({r["context_length"] for r in mine})
+        out += [f"**{task}**", "", "| family | option | " + " | ".join(
+            f"{x}{f' ({x // L}x)' if x > L else ' (training length)'}" for x in lengths) + " |",
+            "|---|---|" + "---:|" * len(lengths)]
+        for family in families:
+            for column in columns:
+                if not any((family, column, x) in nll for x in lengths):
+                    continue
+                out.append(f"| {family} | {column} | " + " | ".join(
+                    _cell(nll.get((family, column, x)), seeds, 3)
+                    + (f" ({100 * score[(family, column, x)]['median']:.0f}%)" if (family, column, x) in score else "")
+                    for x in lengths) + " |")
+        out.append("")
+    return out
+
+
+def _line_style(column: str) -> dict[str, Any]:
+    position, _, scaling = column.partition("+")
+    return {"color": f"C{POSITIONS.index(position)}", "linestyle": "--" if scaling else "-",
+            "marker": "s" if scaling else "o"}  # one colour per option in every panel, dashed with YaRN
 
 
 def plot(rows: list[dict[str, Any]], path: Path) -> None:
@@ -325,19 +548,19 @@ def plot(rows: list[dict[str, Any]], path: Path) -> None:
 
     cells = aggregate(rows)
     families = [f for f in FAMILIES if any(r["family"] == f for r in rows)]
-    positions = [p for p in POSITIONS if any(r["position"] == p for r in rows)]
+    columns = _columns(rows)
     lengths = sorted({r["context_length"] for r in rows})
     L = rows[0]["train_length"]
     fig, axes = plt.subplots(1, len(families), figsize=(3.4 * len(families), 3.4), squeeze=False)
     for ax, family in zip(axes[0], families):
-        for position in positions:
-            points = [(x, cells[(family, position, x)]) for x in lengths if (family, position, x) in cells]
+        for column in columns:
+            points = [(x, cells[(family, column, x)]) for x in lengths if (family, column, x) in cells]
             if points:
                 xs = [x for x, _ in points]
-                color = f"C{POSITIONS.index(position)}"  # one colour per option in every panel
-                ax.plot(xs, [c["median"] for _, c in points], marker="o", label=position, color=color)
-                ax.fill_between(xs, [c["min"] for _, c in points], [c["max"] for _, c in points], color=color,
-                                alpha=0.15)
+                style = _line_style(column)
+                ax.plot(xs, [c["median"] for _, c in points], label=column, **style)
+                ax.fill_between(xs, [c["min"] for _, c in points], [c["max"] for _, c in points],
+                                color=style["color"], alpha=0.15)
         ax.axvline(L, color="gray", linestyle="--", linewidth=1)
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
@@ -351,14 +574,55 @@ def plot(rows: list[dict[str, Any]], path: Path) -> None:
     save_figure(fig, path)
 
 
+def plot_ruler(ruler_rows: list[dict[str, Any]], path: Path) -> None:
+    """A panel per RULER task and family: the answer's NLL per token against context length, a line per column
+    (median, the seeds' min-max as a band)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    tasks = list(dict.fromkeys(r["task"] for r in ruler_rows))
+    families = [f for f in FAMILIES if any(r["family"] == f for r in ruler_rows)]
+    columns = _columns(ruler_rows)
+    L = ruler_rows[0]["train_length"]
+    fig, axes = plt.subplots(len(tasks), len(families), figsize=(3.6 * len(families), 3.2 * len(tasks)),
+                             squeeze=False)
+    for i, task in enumerate(tasks):
+        cells = aggregate([r for r in ruler_rows if r["task"] == task], "answer_nll")
+        for ax, family in zip(axes[i], families):
+            for column in columns:
+                points = sorted((x, c) for (f, col, x), c in cells.items() if (f, col) == (family, column))
+                if points:
+                    xs = [x for x, _ in points]
+                    style = _line_style(column)
+                    ax.plot(xs, [c["median"] for _, c in points], label=column, **style)
+                    ax.fill_between(xs, [c["min"] for _, c in points], [c["max"] for _, c in points],
+                                    color=style["color"], alpha=0.15)
+            ax.axvline(L, color="gray", linestyle="--", linewidth=1)
+            ax.set_xscale("log", base=2)
+            ax.set_title(f"{task}, {family}")
+            ax.set_xlabel("context length (tokens)")
+            ax.grid(alpha=0.3)
+        axes[i][0].set_ylabel("answer NLL per token")
+    axes[0][-1].legend(fontsize=8)
+    fig.suptitle(f"RULER: the answer's NLL under teacher forcing (dashed: training length {L})")
+    fig.tight_layout()
+    save_figure(fig, path)
+
+
 def extrapolation_sweep(overrides: dict[str, Any], output_dir: str | os.PathLike, runs_dir: str | os.PathLike, *,
                         families: tuple[str, ...] = FAMILIES, positions: tuple[str, ...] = POSITIONS,
-                        seeds: tuple[int, ...] = (0, 1, 2), multiples: tuple[int, ...] = (1, 2, 4, 8),
-                        eval_tokens: int = 16384, jobs: int = 1, command: str | None = None, progress: bool = True,
-                        log: Callable[[str], None] = print) -> tuple[Path, Path, Path]:
+                        seeds: tuple[int, ...] = (0, 1, 2), scoring: Scoring = Scoring(), jobs: int = 1,
+                        command: str | None = None, progress: bool = True,
+                        log: Callable[[str], None] = print) -> list[Path]:
+    """Runs the sweep and writes its table, CSVs and plots into ``output_dir``; returns their paths (the table
+    second)."""
     for key in ("model.family", "model.position_encoding", "train.seed"):
         if key in overrides:
             raise ValueError(f"--{key} is set per run here; use --families, --positions or --seeds")
+    if scoring.yarn and not set(positions) & set(SCALABLE):
+        raise ValueError(f"--yarn rescales {' and '.join(SCALABLE)}; --positions has neither")
     output_dir, runs_dir = Path(output_dir), Path(runs_dir)
     check_writable_folder(output_dir, "--output-dir")  # before the runs, whose rows it records as each ends
     check_writable_folder(runs_dir, "--runs-dir")
@@ -366,13 +630,16 @@ def extrapolation_sweep(overrides: dict[str, Any], output_dir: str | os.PathLike
     runs_dir.mkdir(parents=True, exist_ok=True)
     units = [Unit(f, p, s) for s, f, p in itertools.product(seeds, families, positions)]
     start = time.perf_counter()
-    rows = run_units(overrides, units, output_dir, runs_dir, multiples=multiples, eval_tokens=eval_tokens,
-                     jobs=jobs, progress=progress, log=log)
+    rows, ruler_rows = run_units(overrides, units, output_dir, runs_dir, scoring=scoring, jobs=jobs,
+                                 progress=progress, log=log)
     log(f"ran for {(time.perf_counter() - start) / 60:.1f} min")
-    paths = tuple(output_dir / f"extrapolation.{ext}" for ext in ("csv", "md", "png"))
+    paths = [output_dir / f"extrapolation.{ext}" for ext in ("csv", "md", "png")]
     corpus = {**DEFAULTS, **overrides}.get("data.source", "embedded")
-    write_text_atomic(paths[1], markdown_report(rows, command, str(corpus), seeds, len(units)) + "\n")
+    write_text_atomic(paths[1], markdown_report(rows, command, str(corpus), seeds, len(units), ruler_rows) + "\n")
     plot(rows, paths[2])
+    if ruler_rows:
+        paths += [output_dir / "ruler.csv", output_dir / "ruler.png"]
+        plot_ruler(ruler_rows, paths[-1])
     return paths
 
 
@@ -401,6 +668,17 @@ def add_commands(subparsers: argparse._SubParsersAction) -> None:
                         help="context lengths as multiples of data.seq_len (default 1,2,4,8)")
     parser.add_argument("--eval-tokens", type=int, default=16384,
                         help="held-out tokens scored at each context length (default 16384)")
+    parser.add_argument("--yarn", action="store_true",
+                        help="also score RoPE and RoVE with YaRN at each longer length, its factor that length over "
+                             "the training length (perplexity and RULER)")
+    parser.add_argument("--ruler", metavar="TASKS",
+                        help="RULER tasks each run also answers (e.g. niah_single_1,vt; rotarium eval --ruler's "
+                             "names), scored by generation and by the answer's likelihood")
+    parser.add_argument("--ruler-multiples", type=int_list("--ruler-multiples"), default=[1, 2, 4, 8],
+                        help="RULER's context lengths as multiples of data.seq_len (default 1,2,4,8); a task is "
+                             "scored where its prompt fits")
+    parser.add_argument("--ruler-samples", type=int, default=20,
+                        help="RULER samples per task and length, the same for every run (default 20)")
     parser.add_argument("--output-dir", default="docs/text_extrapolation", help="where the table, CSV and plot go")
     parser.add_argument("--runs-dir", default="runs/extrapolation", help="the run folders (checkpoints, models)")
     parser.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1),
@@ -409,6 +687,7 @@ def add_commands(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run_extrapolation(args: argparse.Namespace) -> int:
+    from rotarium.evaluation.ruler import parse_tasks
     from rotarium.training.config import parse_overrides
 
     if args.jobs < 1:
@@ -417,6 +696,11 @@ def run_extrapolation(args: argparse.Namespace) -> int:
         raise ValueError(f"--eval-tokens must be positive, got {args.eval_tokens}")
     if len(set(args.seeds)) != len(args.seeds):
         raise ValueError(f"--seeds has a seed twice: {args.seeds}")
+    if args.ruler_samples < 1:
+        raise ValueError(f"--ruler-samples must be at least 1, got {args.ruler_samples}")
+    scoring = Scoring(multiples=tuple(args.multiples), eval_tokens=args.eval_tokens, yarn=args.yarn,
+                      ruler_tasks=tuple(parse_tasks(args.ruler)) if args.ruler is not None else (),
+                      ruler_multiples=tuple(args.ruler_multiples), ruler_samples=args.ruler_samples)
     overrides = parse_overrides(args.overrides)
     if "data.source" not in overrides:
         if not Path(PYTHON_DOCS).is_dir():
@@ -425,9 +709,8 @@ def run_extrapolation(args: argparse.Namespace) -> int:
         overrides["data.source"] = PYTHON_DOCS
     command = ("rotarium " + " ".join(shlex.quote(a) for a in sys.argv[1:])
                if sys.argv[1:2] == ["extrapolation"] else None)
-    _, md_path, _ = extrapolation_sweep(
+    paths = extrapolation_sweep(
         overrides, args.output_dir, args.runs_dir, families=tuple(args.families), positions=tuple(args.positions),
-        seeds=tuple(args.seeds), multiples=tuple(args.multiples), eval_tokens=args.eval_tokens, jobs=args.jobs,
-        command=command)
-    print(md_path.read_text())
+        seeds=tuple(args.seeds), scoring=scoring, jobs=args.jobs, command=command)
+    print(paths[1].read_text())
     return 0

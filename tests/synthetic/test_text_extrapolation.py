@@ -83,3 +83,90 @@ def test_without_the_python_docs_it_says_how_to_get_them(monkeypatch, tmp_path, 
     monkeypatch.setattr(text_module, "PYTHON_DOCS", str(tmp_path / "missing"))
     assert main(["extrapolation", "--output-dir", str(tmp_path / "out")]) == 2
     assert "apt-get install python3-doc" in capsys.readouterr().err
+
+
+def test_yarn_and_ruler_are_scored_per_run_and_a_rerun_trains_nothing(corpus, tmp_path, monkeypatch, capsys):
+    from rotarium.synthetic.text import read_ruler_rows
+
+    args = ["extrapolation", "--data.source", str(corpus), "--families", "transformer", "--positions", "nope,rove",
+            "--seeds", "0", "--output-dir", str(tmp_path / "out"), "--runs-dir", str(tmp_path / "runs"), *TINY,
+            "--data.seq_len", "32", "--yarn", "--ruler", "niah_single_1", "--ruler-multiples", "1,32",
+            "--ruler-samples", "2"]
+    assert main(args) == 0
+    out = capsys.readouterr().out
+    assert "RULER niah_single_1 is not scored at 32 tokens: its prompt does not fit there" in out
+    rows = read_rows(tmp_path / "out" / "extrapolation.csv")
+    # YaRN rescales RoVE (not NoPE); at the training length its factor is 1, the model itself
+    assert sorted((r["position"], r["rope_scaling"], r["context_length"]) for r in rows) == [
+        ("nope", "", 32), ("nope", "", 64), ("rove", "", 32), ("rove", "", 64), ("rove", "yarn", 32),
+        ("rove", "yarn", 64)]
+    by = {(r["position"], r["rope_scaling"], r["context_length"]): r["perplexity"] for r in rows}
+    assert by["rove", "yarn", 32] == by["rove", "", 32] and by["rove", "yarn", 64] != by["rove", "", 64]
+    ruler = read_ruler_rows(tmp_path / "out" / "ruler.csv")
+    assert sorted((r["position"], r["rope_scaling"], r["task"], r["context_length"]) for r in ruler) == [
+        ("nope", "", "niah_single_1", 1024), ("rove", "", "niah_single_1", 1024),
+        ("rove", "yarn", "niah_single_1", 1024)]
+    assert all(r["samples"] == 2 and r["answer_nll"] > 0 and 0 <= r["score"] <= 1 for r in ruler)
+    table = (tmp_path / "out" / "extrapolation.md").read_text()
+    assert "| family | nope | rove | rove+yarn |" in table and "**niah_single_1**" in table
+    assert "| transformer | rove+yarn | " in table
+    assert (tmp_path / "out" / "ruler.png").stat().st_size > 1000
+
+    def no_training(*args, **kwargs):
+        raise AssertionError("a finished run was trained again")
+
+    monkeypatch.setattr(text_module, "train_and_score", no_training)
+    assert main(args) == 0
+    assert "2 of 2 runs already done; 0 to run" in capsys.readouterr().out
+
+
+def test_a_ruler_task_that_fits_at_no_length_is_refused_before_training(corpus, tmp_path, capsys):
+    assert main(["extrapolation", "--data.source", str(corpus), "--families", "gla", "--positions", "rope",
+                 "--seeds", "0", "--output-dir", str(tmp_path / "out"), "--runs-dir", str(tmp_path / "runs"),
+                 *TINY, "--ruler", "vt", "--ruler-multiples", "1,2"]) == 2
+    err = capsys.readouterr().err
+    assert "--ruler vt:" in err and "too short" in err and "training length 8" in err
+    assert not (tmp_path / "out" / "extrapolation.csv").exists()
+
+
+def test_yarn_without_rope_or_rove_is_refused(corpus, tmp_path, capsys):
+    assert main(["extrapolation", "--data.source", str(corpus), "--positions", "nope,selective_rope", "--yarn",
+                 "--output-dir", str(tmp_path / "out"), "--runs-dir", str(tmp_path / "runs"), *TINY]) == 2
+    assert "--yarn rescales rope and rove; --positions has neither" in capsys.readouterr().err
+
+
+def test_the_rove_paper_claims_compare_yarn_columns_and_ruler_answers_seed_by_seed():
+    from rotarium.synthetic.text import markdown_report
+
+    def row(position, scaling, seed, length, ppl):
+        return {"family": "transformer", "position": position, "rope_scaling": scaling, "seed": seed,
+                "context_length": length, "perplexity": ppl, "train_length": 8, "steps": 2, "batch_size": 2,
+                "train_tokens": 32, "lr": 1e-3, "num_layers": 1, "hidden_size": 16, "num_heads": 2,
+                "train_seconds": 1.0, "eval_seconds": 1.0}
+
+    def answer(position, scaling, seed, length, nll, task="vt"):
+        return {"family": "transformer", "position": position, "rope_scaling": scaling, "seed": seed, "task": task,
+                "context_length": length, "answer_nll": nll, "score": 0.0, "train_length": 8}
+
+    rows, ruler = [], []
+    for seed in (0, 1, 2):
+        for length in (8, 16):
+            rows += [row("rope", "", seed, length, 100.0), row("rope", "yarn", seed, length, 50.0),
+                     row("rove", "", seed, length, 80.0),
+                     # RoVE + YaRN below both in seeds 0 and 1; in seed 2 not below RoPE + YaRN by 1%
+                     row("rove", "yarn", seed, length, 40.0 if seed < 2 else 49.8)]
+            ruler += [answer("rope", "", seed, length, 2.0), answer("rove", "", seed, length, 1.5),
+                      answer("rope", "yarn", seed, length, 2.0), answer("rove", "yarn", seed, length, 2.5)]
+    table = markdown_report(rows, None, "corpus", (0, 1, 2), 2, ruler)
+    lines = table.splitlines()
+
+    def verdicts(claim_start: str) -> str:
+        at = next(i for i, line in enumerate(lines) if line.startswith(f"**{claim_start}"))
+        return lines[at + 4]
+
+    assert verdicts("RoVE's perplexity beyond") == "| transformer | holds (3/3 seeds) |"
+    assert verdicts("RoVE + YaRN's perplexity") == "| transformer | mixed (2/3 seeds) |"
+    assert verdicts("RoVE tracks variables") == "| transformer | holds (3/3 seeds) | holds (3/3 seeds) |"
+    assert verdicts("... and with YaRN: RoVE + YaRN below RoPE + YaRN on vt") == (
+        "| transformer | does not hold (0/3 seeds) |")
+    assert "niah_single_1" not in table  # a claim on a task not scored is left out
