@@ -19,7 +19,7 @@ test: lint
 	$(PYTHON) -m pytest -q -n 2 --dist loadgroup --durations=15 tests
 
 # The edit-test loop: everything but the tests marked slow (child processes, distributed runs, Triton's interpreter,
-# real training steps), which `make test` and CI still run.
+# real training steps and a few other long ones), which `make test` and CI still run.
 test-fast: lint
 	$(PYTHON) -m pytest -q -n 2 --dist loadgroup -m "not slow" tests
 

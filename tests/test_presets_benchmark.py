@@ -52,6 +52,7 @@ def test_saved_bytes_extrapolate_exactly_in_depth(bench):
         assert math.isclose(predicted[key], value, rel_tol=1e-9), key
 
 
+@pytest.mark.slow
 def test_a_killed_hung_or_crashed_row_says_why(bench):
     killed = bench.spawn([sys.executable, "-c", "import os, signal; os.kill(os.getpid(), signal.SIGKILL)"], 60)
     assert killed.status == -signal.SIGKILL and killed.peak_rss > 0
@@ -93,6 +94,7 @@ def test_bad_arguments_are_one_line_errors(bench, capsys):
     assert "give a .md path" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_every_part_of_a_tiny_row(bench):
     """What each child process runs, here in-process: a step, the memory measurement, the numerics."""
     step = bench.step_row("gla-370m", "selective_rope", bench.TINY, "auto", "auto")

@@ -121,6 +121,7 @@ def test_token_dtype_is_uint16_when_the_vocabulary_fits():
     assert token_dtype(Vocabulary(2 ** 16 + 1)) == np.uint32
 
 
+@pytest.mark.slow
 def test_a_vocabulary_beyond_16_bits_writes_uint32(tmp_path, source):
     tokenizer = train_bpe(embedded_documents()[:DOCUMENTS], 300)
     tokenizer.add_tokens([f"<extra_{i}>" for i in range(2 ** 16)])

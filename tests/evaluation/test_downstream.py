@@ -93,6 +93,7 @@ def test_eval_tasks_runs_local_tasks_offline_and_matches_the_model(tiny_checkpoi
     assert "| tiny_mc | acc (%) |" in table and "| tiny_text | word_perplexity |" in table and "average" in table
 
 
+@pytest.mark.slow
 def test_lm_eval_imports_and_indexes_its_tasks_offline(monkeypatch):
     for key, value in OFFLINE.items():
         monkeypatch.setenv(key, value)

@@ -241,6 +241,7 @@ def test_robust_gates(kind):
     assert_close(o, fla_oracle(q, k, v, g), atol=2e-3, rtol=1e-3)
 
 
+@pytest.mark.slow
 def test_long_sequence_16k():
     """T = 16384: finite, and matching the per-query oracle on a spread of rows."""
     T, HQ, H, D = 16384, 2, 1, 8
