@@ -119,6 +119,7 @@ def test_a_rerun_trains_only_the_missing_units(tmp_path, monkeypatch):
     assert "3 steps" in md_path.read_text() and "**complete**, all 2 runs" in md_path.read_text()
 
 
+@pytest.mark.slow  # a pool of spawned Python processes
 def test_two_processes_run_the_units_and_the_parent_writes_every_row(tmp_path):
     base = RunSettings(task="s2", **TINY)
     sweep(base, tmp_path, families=("transformer",), positions=("nope", "rope"), seeds=(0,), lrs=(3e-3,), jobs=2,
