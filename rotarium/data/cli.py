@@ -43,6 +43,9 @@ def add_commands(subparsers: argparse._SubParsersAction) -> None:
                       help="documents held out for validation instead (a stream holds out its first ones)")
     prepare.add_argument("--seed", type=int, default=DEFAULT_SEED,
                          help=f"seed of the validation split (default {DEFAULT_SEED})")
+    prepare.add_argument("--max-tokens", type=float, default=None, metavar="N",
+                         help="stop reading SOURCE once the training split holds N tokens (e.g. 27e9: what a run "
+                              "trains on; default: the whole source)")
     prepare.add_argument("--no-progress", action="store_true", help="no progress bar")
     prepare.set_defaults(func=run_prepare)
 
@@ -54,7 +57,9 @@ def run_prepare(args: argparse.Namespace) -> int:
                      train_documents=args.train_documents, hub_config=args.config, split=args.split,
                      text_field=args.text_field, streaming=args.streaming, num_proc=args.num_proc,
                      shard_tokens=args.shard_tokens, validation_fraction=args.validation_fraction,
-                     validation_documents=args.validation_documents, seed=args.seed, progress=not args.no_progress)
+                     validation_documents=args.validation_documents, seed=args.seed,
+                     max_tokens=None if args.max_tokens is None else int(args.max_tokens),
+                     progress=not args.no_progress)
     train, validation = corpus.train, corpus.validation
     print(f"{corpus.path}: train {train.num_tokens:,} tokens ({train.num_documents:,} documents, "
           f"{train.num_shards} shards), validation {validation.num_tokens:,} tokens ({validation.num_documents:,} "

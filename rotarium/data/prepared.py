@@ -240,6 +240,10 @@ class _SplitWriter:
         self.first: int | None = None  # the source index of the first pending document
         self._tokens = 0
 
+    @property
+    def pending_tokens(self) -> int:
+        return self._tokens
+
     def add(self, index: int, ids: np.ndarray) -> bool:
         """Adds one document; first writes the pending ones as a shard when this one would take the shard beyond
         ``shard_tokens`` tokens, and then returns True."""
@@ -273,7 +277,8 @@ class _SplitWriter:
 
 
 def _settings(cfg: DataSection, tokenizer: str | None, vocab_size: int, train_documents: int, shard_tokens: int,
-              validation_fraction: float | None, validation_documents: int | None, seed: int) -> dict[str, Any]:
+              validation_fraction: float | None, validation_documents: int | None, seed: int,
+              max_tokens: int | None = None) -> dict[str, Any]:
     """What identifies a prepare: the same settings give the same folder."""
     local = Path(cfg.source).absolute() if cfg.source != "embedded" and Path(cfg.source).exists() else None
     tokenizer_path = Path(tokenizer).absolute() if tokenizer is not None and Path(tokenizer).exists() else None
@@ -284,7 +289,7 @@ def _settings(cfg: DataSection, tokenizer: str | None, vocab_size: int, train_do
         "vocab_size": vocab_size if tokenizer is None else None,
         "train_documents": train_documents if tokenizer is None else None,
         "shard_tokens": shard_tokens, "validation_fraction": validation_fraction,
-        "validation_documents": validation_documents, "seed": seed,
+        "validation_documents": validation_documents, "seed": seed, "max_tokens": max_tokens,
     }
 
 
@@ -292,7 +297,7 @@ FLAGS = {"source": "SOURCE", "config": "--config", "split": "--split", "text_fie
          "streaming": "--streaming", "tokenizer": "--tokenizer", "vocab_size": "--vocab-size",
          "train_documents": "--train-documents", "shard_tokens": "--shard-tokens",
          "validation_fraction": "--validation-fraction", "validation_documents": "--validation-documents",
-         "seed": "--seed"}
+         "seed": "--seed", "max_tokens": "--max-tokens"}
 
 
 def _check_arguments(num_proc: int, shard_tokens: int, vocab_size: int, train_documents: int,
@@ -415,14 +420,16 @@ def prepare(source: str, out: str | os.PathLike, *, tokenizer: str | None = None
             hub_config: str | None = None, split: str = "train", text_field: str = "text", streaming: bool = False,
             num_proc: int | None = None, shard_tokens: int = DEFAULT_SHARD_TOKENS,
             validation_fraction: float | None = None, validation_documents: int | None = None,
-            seed: int = DEFAULT_SEED, progress: bool = True) -> PreparedCorpus:
+            seed: int = DEFAULT_SEED, max_tokens: int | None = None, progress: bool = True) -> PreparedCorpus:
     """Tokenises ``source`` (anything ``data.source`` reads) into the prepared folder ``out`` and returns its reader.
 
     ``tokenizer``: a Hub name or folder, else a byte-level BPE of ``vocab_size`` trained on the first
     ``train_documents`` training documents. ``validation_fraction`` or ``validation_documents`` (default: the
     ``data.validation_fraction`` default) is held out by document, seeded by ``seed`` (see :class:`HeldOut`).
     Shards hold at most ``shard_tokens`` tokens unless one document alone is longer. ``num_proc`` processes
-    tokenise (default: every core); the folder is the same for any number.
+    tokenise (default: every core); the folder is the same for any number. ``max_tokens`` stops reading the source
+    at the first document boundary where the training split holds that many tokens (a run needs no more than it
+    trains on); the documents not read are neither trained on nor held out.
 
     A folder a killed prepare left continues where its last complete shard ended, and the result is the one an
     uninterrupted prepare writes; a complete folder with the same settings is returned as it is. Raises
@@ -433,9 +440,11 @@ def prepare(source: str, out: str | os.PathLike, *, tokenizer: str | None = None
         validation_fraction = DataSection.validation_fraction
     _check_arguments(num_proc, shard_tokens, vocab_size, train_documents, validation_fraction, validation_documents,
                      seed, tokenizer)
+    if max_tokens is not None and max_tokens < 1:
+        raise ValueError(f"--max-tokens must be at least 1, got {max_tokens}")
     cfg = DataSection(source=source, hub_config=hub_config, split=split, text_field=text_field, streaming=streaming)
     settings = _settings(cfg, tokenizer, vocab_size, train_documents, shard_tokens, validation_fraction,
-                         validation_documents, seed)
+                         validation_documents, seed, max_tokens)
     out = Path(out)
     _check_out(out)
     finished = _read_json(out / METADATA, "metadata")
@@ -504,6 +513,7 @@ def _tokenise(cfg: DataSection, out: Path, record: dict[str, Any], held: Callabl
     from tqdm.auto import tqdm
 
     splits = record["splits"]
+    limit = record["settings"].get("max_tokens")
     resume = [splits[name]["resume"] for name in SPLITS]
     writers = [_SplitWriter(out, name, encoder.dtype, record["settings"]["shard_tokens"], splits[name]["shards"])
                for name in SPLITS]
@@ -535,7 +545,13 @@ def _tokenise(cfg: DataSection, out: Path, record: dict[str, Any], held: Callabl
             splits[name]["documents"] = sum(s["documents"] for s in writer.shards)
         _write_progress(out, record)
 
-    position, tokens, began = start, 0, time.perf_counter()  # position: the source documents read
+    def train_tokens() -> int:
+        writer = writers[SPLITS.index("train")]
+        return sum(s["tokens"] for s in writer.shards) + writer.pending_tokens
+
+    # position: the source documents read; a resumed prepare re-adds its pending documents in the same order, so the
+    # limit cuts at the same document
+    position, tokens, began, cut = start, 0, time.perf_counter(), False
     with tqdm(desc="prepare", total=record["documents"], initial=start, unit=" documents", disable=not progress,
               dynamic_ncols=True) as bar:
         for flat, lengths in encode_ordered(encoder, tasks(), num_proc):
@@ -544,18 +560,23 @@ def _tokenise(cfg: DataSection, out: Path, record: dict[str, Any], held: Callabl
             for index, split, end, length in zip(indices, which, ends.tolist(), lengths.tolist()):
                 if writers[split].add(index, flat[end - length:end]):
                     checkpoint(index)
-            tokens += len(flat)
-            bar.update(indices[-1] + 1 - position)
-            position = indices[-1] + 1
+                tokens += length
+                bar.update(index + 1 - position)
+                position = index + 1
+                if limit is not None and SPLITS[split] == "train" and train_tokens() >= limit:
+                    cut = True
+                    break
             rate = tokens / max(time.perf_counter() - began, 1e-9)
             bar.set_postfix_str(f"{tokens / 1e6:.1f}M tokens, {rate / 1e6:.2f}M tokens/s", refresh=False)
+            if cut:
+                break
     for writer in writers:
         writer.flush()
     checkpoint(position)
     if not splits["train"]["documents"]:
         raise ValueError(f"SOURCE {cfg.source} leaves no training documents after holding out validation; hold out "
                          "fewer (--validation-fraction / --validation-documents)")
-    record["documents"] = position if record["documents"] is None else record["documents"]
+    record["documents"] = position if record["documents"] is None or cut else record["documents"]
     record["complete"] = True
     for name in SPLITS:
         del splits[name]["resume"]

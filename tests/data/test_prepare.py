@@ -351,3 +351,47 @@ def test_bad_input_gets_one_line(tmp_path, source, tokenizer_folder, reference):
     assert results["ok"][0] == 0, results["ok"][1][-3000:]
     corpus = PreparedCorpus(tmp_path / "o6")
     assert corpus.train.num_documents + corpus.validation.num_documents == len(source_documents(source))
+
+
+class _Killed(Exception):
+    pass
+
+
+def test_max_tokens_cuts_at_the_first_document_reaching_it_and_a_killed_cut_prepare_continues_alike(
+        tmp_path, monkeypatch, jsonl_source, tokenizer_folder):
+    """The recipes train on less than a stream holds: prepare reads until the training split holds the limit."""
+    settings = {"tokenizer": str(tokenizer_folder), "shard_tokens": SHARD_TOKENS // 4, "streaming": True,
+                "validation_fraction": 0.3, "progress": False}
+    whole = PreparedCorpus(prepare(str(jsonl_source), tmp_path / "whole", num_proc=1, **settings).path)
+    limit = whole.train.num_tokens // 2
+    cut = prepare(str(jsonl_source), tmp_path / "cut", num_proc=2, max_tokens=limit, **settings)
+    lengths = np.diff(whole.train.document_offsets())
+    documents = int(np.searchsorted(np.cumsum(lengths), limit)) + 1  # the first whose end reaches the limit
+    assert cut.train.num_documents == documents and cut.train.num_tokens >= limit
+    assert cut.train.num_tokens - lengths[documents - 1] < limit
+    assert [list(d) for d in cut.train] == [list(d) for d in list(whole.train)[:documents]]
+    # the held-out documents read before the cut, and only those
+    assert 0 < cut.validation.num_documents < whole.validation.num_documents
+    assert [list(d) for d in cut.validation] == [list(d) for d in list(whole.validation)[:cut.validation.num_documents]]
+    metadata = json.loads((tmp_path / "cut" / prepared.METADATA).read_text())
+    assert metadata["settings"]["max_tokens"] == limit
+    assert metadata["documents"] == cut.train.num_documents + cut.validation.num_documents
+    # killed after its first shard and run again: the same bytes
+    original = prepared._write_progress
+
+    def die_after_first_shard(out, record):
+        original(out, record)
+        if record["splits"]["train"]["shards"]:
+            raise _Killed
+
+    monkeypatch.setattr(prepared, "_write_progress", die_after_first_shard)
+    with pytest.raises(_Killed):
+        prepare(str(jsonl_source), tmp_path / "again", num_proc=1, max_tokens=limit, **settings)
+    monkeypatch.setattr(prepared, "_write_progress", original)
+    prepare(str(jsonl_source), tmp_path / "again", num_proc=1, max_tokens=limit, **settings)
+    assert folder_bytes(tmp_path / "again") == folder_bytes(tmp_path / "cut")
+    # another limit is another prepare
+    with pytest.raises(ValueError, match="--max-tokens"):
+        prepare(str(jsonl_source), tmp_path / "cut", num_proc=1, max_tokens=limit + 1, **settings)
+    with pytest.raises(ValueError, match="--max-tokens must be at least 1"):
+        prepare(str(jsonl_source), tmp_path / "zero", max_tokens=0, **settings)
