@@ -67,6 +67,16 @@ def _prepares(arguments: str, source: str) -> bool:
     return len(parts) >= 2 and Path(parts[1]) == Path(source)
 
 
+def check_prepared_source_exists(config: Config) -> None:
+    """Raises ``ValueError`` naming the command when ``data.source`` is missing and is the folder ``data.prepare``
+    writes: the first thing a recipe needs, so checked before anything else a run needs."""
+    d = config.data
+    if d.prepare is not None and not Path(d.source).exists() and _prepares(d.prepare, d.source):
+        raise ValueError(f"`data.source={d.source}` is not there: it is the folder `rotarium prepare {d.prepare}` "
+                         "writes (`data.prepare`); run that once (README, docs/data.md), or point data.source at the "
+                         "folder it wrote")
+
+
 def open_prepared(config: Config) -> PreparedCorpus | None:
     """The prepared folder ``data.source`` names (recognised by its ``metadata.json``), checked on opening, or None
     for another source. Raises ``ValueError`` for a missing folder that ``data.prepare`` writes (naming the
@@ -74,10 +84,7 @@ def open_prepared(config: Config) -> PreparedCorpus | None:
     a ``tokenizer.name`` or ``--init-from`` whose tokenizer is not the folder's: the ids in the folder are that
     tokenizer's, so a run from it takes the folder's tokenizer (the BPE settings are then unused)."""
     d = config.data
-    if d.prepare is not None and not Path(d.source).exists() and _prepares(d.prepare, d.source):
-        raise ValueError(f"`data.source={d.source}` is not there: it is the folder `rotarium prepare {d.prepare}` "
-                         "writes (`data.prepare`); run that once (README, docs/data.md), or point data.source at the "
-                         "folder it wrote")
+    check_prepared_source_exists(config)
     if not is_prepared(d.source):
         return None
     if d.streaming:

@@ -44,6 +44,7 @@ from rotarium.training.accelerator import make_accelerator
 from rotarium.training.build import (
     accumulation_steps,
     build_model,
+    check_prepared_source_exists,
     open_prepared,
     open_stream,
     prepare_data,
@@ -124,6 +125,7 @@ class Trainer:
                  allow_rewind: bool = False):
         self.config, self.run_dir = config, Path(run_dir)
         t = config.train
+        check_prepared_source_exists(config)
         check_trackers(t.report_to)
         if t.num_threads is not None:
             torch.set_num_threads(t.num_threads)

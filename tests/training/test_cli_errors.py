@@ -76,6 +76,19 @@ def test_a_recipe_without_its_prepared_folder_names_the_prepare_to_run(tmp_path,
     assert not run_dir.exists()
 
 
+def test_a_recipe_names_its_missing_folder_before_its_missing_tracker(tmp_path, capsys, monkeypatch):
+    """On a fresh machine a recipe lacks both its prepared folder and tensorboard: the folder comes first, as the
+    step that takes hours."""
+    import rotarium.training.trainer as trainer
+
+    monkeypatch.setitem(trainer.TRACKER_PACKAGES, "tensorboard", "a_tracker_package_that_is_not_installed")
+    monkeypatch.chdir(tmp_path)
+    code = main(["train", "--config", "gla-370m-rope", "--output-dir", str(tmp_path / "run"),
+                 "--train.mixed_precision", "no"])
+    message = capsys.readouterr().err.strip().splitlines()[-1]
+    assert code == 2 and "`data.source=data/fineweb-edu-10bt-llama2` is not there" in message, message
+
+
 def test_data_prepare_names_only_its_own_folder(tmp_path, monkeypatch):
     """A recipe whose data.source is changed keeps its data.prepare, which then describes another folder: it stops
     nothing (the new source is read, or refused, as any source)."""
