@@ -79,7 +79,7 @@ def test_a_recipe_without_its_prepared_folder_names_the_prepare_to_run(tmp_path,
 def test_a_recipe_names_its_missing_folder_before_its_missing_tracker(tmp_path, capsys, monkeypatch):
     """On a fresh machine a recipe lacks both its prepared folder and tensorboard: the folder comes first, as the
     step that takes hours."""
-    import rotarium.training.trainer as trainer
+    from rotarium.training import trainer
 
     monkeypatch.setitem(trainer.TRACKER_PACKAGES, "tensorboard", "a_tracker_package_that_is_not_installed")
     monkeypatch.chdir(tmp_path)
