@@ -25,7 +25,10 @@ from rotarium.ops import (
     fused_recurrent_gla,
 )
 from rotarium.ops.l2norm import l2norm
-from rotarium.ops.utils import MAX_STEPS
+
+# The most tokens a mixer continuing from a state hands to the step-wise kernels: past one chunk, the chunked kernels
+# compute the same recurrence faster than a loop over time.
+MAX_STEPS = 64
 
 
 def head_size(name: str, width: int, expand: float, num_heads: int) -> int:
@@ -130,10 +133,11 @@ class LinearAttentionMixer(nn.Module):
 
     @staticmethod
     def decoding(recurrent: torch.Tensor | None, enc: Encoded, *gates: torch.Tensor | None) -> bool:
-        """Whether to continue from the state with the step-wise (``fused_recurrent_*``) kernels: short inputs after
-        a state, and only without gradients. fla's step-wise kernels are for inference: its gated ones raise in
-        backward and the plain delta rule's backward writes a state gradient it never allocated unless the state
-        requires one; the chunked kernels compute the same recurrence and train."""
+        """Whether to continue from the state with the step-wise (``fused_recurrent_*``) kernels rather than the
+        chunked ones; this is the one place that chooses, and the ops run the kernel they are called as. Step-wise:
+        at most MAX_STEPS tokens after a state, and only without gradients, because some of fla's step-wise kernels
+        cannot train (:data:`rotarium.ops.backend.FLA_KERNELS` says which and why) while the chunked kernels compute
+        the same recurrence and train; every mixer follows the one rule."""
         if recurrent is None or enc.q.shape[1] > MAX_STEPS:
             return False
         if not torch.is_grad_enabled():

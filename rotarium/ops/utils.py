@@ -29,12 +29,6 @@ def checks_values(x: torch.Tensor) -> bool:
     return x.device.type == "cpu"
 
 
-# The most tokens the recurrent (``fused_recurrent_*``) ops' PyTorch path steps through one at a time, and the most a
-# mixer continuing from a state hands to those ops: past one chunk, the chunked kernels compute the same recurrence
-# faster than a Python loop over time.
-MAX_STEPS = 64
-
-
 def float32_internals(fn: Callable) -> Callable:
     """Runs a PyTorch-path kernel with autocast off for its inputs' device.
 

@@ -21,12 +21,17 @@ with the rule's transitions, so the chunk runs the plain rule on rescaled values
 """
 from __future__ import annotations
 
-import functools
 import warnings
 
 import torch
 
-from rotarium.ops.backend import dispatch, head_dim_limit, requested_backend, use_fla
+from rotarium.ops.backend import (
+    FLA_KERNELS,
+    dispatch,
+    fla_gated_backward_refused,
+    requested_backend,
+    use_fla,
+)
 from rotarium.ops.l2norm import l2norm
 from rotarium.ops.utils import (
     check_cu_seqlens,
@@ -74,30 +79,6 @@ def check_delta_rule_inputs(
     check_log_decay("g", g)
 
 
-def fla_float32_limit(q: torch.Tensor) -> str | None:
-    """fla's plain chunked delta rule asserts on float32 inputs (its gated one accepts them)."""
-    if q.dtype != torch.float32:
-        return None
-    return ("fla's chunk_delta_rule does not support float32 inputs (cast q, k, v to bfloat16 or float16 to use "
-            "fla's Triton kernel)")
-
-
-@functools.cache
-def fla_gated_backward_refused() -> bool:
-    """Whether fla refuses the gated delta rule's backward here: fla raises where its Triton kernel for the gated
-    ``chunk_bwd_dqkwg`` would be miscompiled (its own flags below say where) unless tilelang can run that kernel
-    instead; the versions are in docs/design.md, "fla and Triton versions"."""
-    import importlib.util
-
-    try:
-        from fla.utils import IS_NVIDIA_HOPPER, TRITON_ABOVE_3_4_0, TRITON_ABOVE_3_7_1
-    except ImportError:  # an fla without these flags has no such guard
-        return False
-    if importlib.util.find_spec("tilelang") is not None:
-        return False
-    return bool(IS_NVIDIA_HOPPER and TRITON_ABOVE_3_4_0 and not TRITON_ABOVE_3_7_1)
-
-
 def fla_cannot_train_gated(backend: str | None, *tensors: torch.Tensor | None) -> bool:
     """On ``backend="auto"``, a gated call that needs gradients where fla would refuse its backward runs our
     PyTorch path (with a warning once) instead of failing mid-step; a forced ``"fla"`` keeps fla's own error."""
@@ -105,11 +86,7 @@ def fla_cannot_train_gated(backend: str | None, *tensors: torch.Tensor | None) -
         return False
     if not any(t is not None and t.requires_grad for t in tensors) or not fla_gated_backward_refused():
         return False
-    warnings.warn(
-        "fla refuses the gated delta rule's backward on Hopper GPUs with Triton >= 3.4 and < 3.7.1; running "
-        "rotarium's PyTorch implementation for it (upgrade Triton to >= 3.7.1 or install tilelang for fla's kernels)",
-        stacklevel=3,
-    )
+    warnings.warn(FLA_KERNELS["chunk_gated_delta_rule"].backward_refusal, stacklevel=3)
     return True
 
 
@@ -329,7 +306,7 @@ def chunk_gated_delta_rule(
         raise ValueError("`beta` ([B, T, H]) is required")
     check_delta_rule_inputs(q, k, v, g, beta, initial_state, cu_seqlens, cu_seqlens_cpu)
     scale = q.shape[-1] ** -0.5 if scale is None else scale
-    to_fla = use_fla(backend, q, head_dim_limit("chunk_gated_delta_rule", K=q.shape[-1]))
+    to_fla = use_fla(backend, q, FLA_KERNELS["chunk_gated_delta_rule"].refusal(q))
     if dispatch("chunk_gated_delta_rule", to_fla and not fla_cannot_train_gated(backend, q, k, v, g, beta,
                                                                                  initial_state)):
         from fla.ops.gated_delta_rule import chunk_gated_delta_rule as fla_chunk_gated_delta_rule
@@ -367,8 +344,7 @@ def chunk_delta_rule(
         raise ValueError("`beta` ([B, T, H]) is required")
     check_delta_rule_inputs(q, k, v, None, beta, initial_state, cu_seqlens, cu_seqlens_cpu)
     scale = q.shape[-1] ** -0.5 if scale is None else scale
-    unsupported = head_dim_limit("chunk_delta_rule", K=q.shape[-1]) or fla_float32_limit(q)
-    if dispatch("chunk_delta_rule", use_fla(backend, q, unsupported)):
+    if dispatch("chunk_delta_rule", use_fla(backend, q, FLA_KERNELS["chunk_delta_rule"].refusal(q))):
         from fla.ops.delta_rule import chunk_delta_rule as fla_chunk_delta_rule
 
         return fla_chunk_delta_rule(

@@ -1,17 +1,17 @@
 """Recurrent (decoding) form of the (gated) delta rule, with fla's ``fused_recurrent_*`` signatures.
 
-The PyTorch path steps through time for inputs of at most MAX_STEPS tokens (decoding: one or a few tokens on top of a
-cached state), where a chunk would be mostly padding, and hands longer inputs to the chunked implementation, which
-computes the same recurrence.
+Both paths step through the tokens, however many (decoding: one or a few tokens on top of a cached state, where a
+chunk would be mostly padding). Where the chunked ops (:mod:`rotarium.ops.delta_rule.chunk`) suit an input better,
+choosing them is the caller's: rotarium's mixers do, as fla's layers pass a ``mode``.
 """
 from __future__ import annotations
 
 import torch
 
-from rotarium.ops.backend import dispatch, use_fla
-from rotarium.ops.delta_rule.chunk import check_delta_rule_inputs, chunk_gated_delta_rule_torch
+from rotarium.ops.backend import FLA_KERNELS, dispatch, use_fla
+from rotarium.ops.delta_rule.chunk import check_delta_rule_inputs
 from rotarium.ops.l2norm import l2norm
-from rotarium.ops.utils import MAX_STEPS, float32_internals, run_packed
+from rotarium.ops.utils import float32_internals, run_packed
 
 
 def _recurrent_fwd(
@@ -27,6 +27,8 @@ def _recurrent_fwd(
     """Float32 ``[B, T, H, D]`` inputs; ``S <- exp(g) S``, ``u = beta (v - S^T k)``, ``S <- S + k u^T``."""
     B, T, H, K = q.shape
     S = q.new_zeros(B, H, K, v.shape[-1]) if initial_state is None else initial_state.float()
+    if T == 0:
+        return v.new_zeros(B, 0, H, v.shape[-1]), (S if output_final_state else None)
     decays = [None] * T if g is None else g.exp()[..., None, None].unbind(1)
     outputs = []
     for q_t, k_t, v_t, b_t, a_t in zip(q.unbind(1), k.unbind(1), v.unbind(1), beta.unbind(1), decays):
@@ -52,10 +54,6 @@ def _fused_recurrent_torch(
     use_qk_l2norm_in_kernel: bool,
     cu_seqlens: torch.Tensor | None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    if q.shape[1] > MAX_STEPS or q.shape[1] == 0:
-        return chunk_gated_delta_rule_torch(
-            q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_l2norm_in_kernel, cu_seqlens
-        )
     q, k = q.float(), k.float()
     if use_qk_l2norm_in_kernel:
         q, k = l2norm(q), l2norm(k)
@@ -95,13 +93,13 @@ def fused_recurrent_gated_delta_rule(
 
     Returns:
         o ``[B, T, H, V]`` with the dtype of v, and the final state ``[N, H, K, V]`` or None.
-        For inference on fla: its gated kernel raises in backward, and its plain kernel's backward needs an initial
-        state that requires a gradient, so the mixers train through states with the chunked ops instead. The
-        PyTorch path is differentiable.
+        The PyTorch path is differentiable; fla's kernel is for inference (why:
+        :data:`rotarium.ops.backend.FLA_KERNELS`), so the mixers train through states with the chunked ops.
     """
     check_delta_rule_inputs(q, k, v, g, beta, initial_state, cu_seqlens)
     scale = q.shape[-1] ** -0.5 if scale is None else scale
-    if dispatch("fused_recurrent_gated_delta_rule", use_fla(backend, q)):
+    kernel = FLA_KERNELS["fused_recurrent_gated_delta_rule"]
+    if dispatch("fused_recurrent_gated_delta_rule", use_fla(backend, q, kernel.refusal(q))):
         from fla.ops.gated_delta_rule import fused_recurrent_gated_delta_rule as fla_fused_recurrent
 
         return fla_fused_recurrent(
@@ -135,7 +133,8 @@ def fused_recurrent_delta_rule(
     """
     check_delta_rule_inputs(q, k, v, None, beta, initial_state, cu_seqlens)
     scale = q.shape[-1] ** -0.5 if scale is None else scale
-    if dispatch("fused_recurrent_delta_rule", use_fla(backend, q)):
+    kernel = FLA_KERNELS["fused_recurrent_delta_rule"]
+    if dispatch("fused_recurrent_delta_rule", use_fla(backend, q, kernel.refusal(q))):
         from fla.ops.delta_rule import fused_recurrent_delta_rule as fla_fused_recurrent
 
         return fla_fused_recurrent(

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import torch
 
-from rotarium.ops.backend import dispatch, head_dim_limit, use_fla
+from rotarium.ops.backend import FLA_KERNELS, dispatch, use_fla
 from rotarium.ops.forgetting_attn.parallel import block_attention, check_heads
 from rotarium.ops.utils import check_dims, check_same_device, check_same_dtype, check_tensor
 
@@ -40,8 +40,10 @@ def forgetting_attn_with_cache(
             batches); padded keys get no weight, and a query without a visible key
             gives zeros.
         backend: ``"auto"``, ``"torch"`` or ``"fla"`` (see :mod:`rotarium.ops.backend`).
-            fla's kernel serves one query per row (Tq = 1) without gradients; other
-            calls run the PyTorch path (blockwise over Tq, matmuls) on every backend.
+            fla's kernel serves the calls its row of
+            :data:`rotarium.ops.backend.FLA_KERNELS` allows (one query per row, Tq = 1,
+            without gradients); other calls run the PyTorch path (blockwise over Tq,
+            matmuls) on every backend.
 
     fla's kernel computes the same function with other inputs. It takes packed
     sequences with one query at the end of each, and log gates whose cumulative sums
@@ -86,13 +88,14 @@ def forgetting_attn_with_cache(
         attention_mask=attention_mask,
     )
     check_same_dtype(q=q, k=k, v=v)
-    to_fla = use_fla(backend, q, head_dim_limit("attn_decoding_one_step", K=K))
+    kernel = FLA_KERNELS["attn_decoding_one_step"]
+    to_fla = use_fla(backend, q, kernel.refusal(q))
     if scale is None:
         scale = K ** -0.5
     key_mask = None if attention_mask is None else attention_mask != 0
     records_grad = torch.is_grad_enabled() and any(
         t is not None and t.requires_grad for t in (q, k, v, q_log_decay_cumsum, k_log_decay_cumsum))
-    if dispatch("forgetting_attn_with_cache", to_fla and Tq == 1 and not records_grad):
+    if dispatch("forgetting_attn_with_cache", to_fla and kernel.serves(Tq, records_grad)):
         return _fla_decoding(q, k, v, k_log_decay_cumsum, scale, key_mask)
     o = block_attention(
         q, k, v, q_log_decay_cumsum, k_log_decay_cumsum, scale, q_offset=Tk - Tq, key_mask=key_mask

@@ -16,7 +16,7 @@ import itertools
 import torch
 import torch.nn.functional as F
 
-from rotarium.ops.backend import dispatch, head_dim_limit, use_fla
+from rotarium.ops.backend import FLA_KERNELS, dispatch, use_fla
 from rotarium.ops.cumsum import segment_cumsum
 from rotarium.ops.utils import (
     check_cu_seqlens,
@@ -259,7 +259,8 @@ def parallel_forgetting_attn(
     if scale is None:
         scale = K ** -0.5
 
-    if dispatch("parallel_forgetting_attn", use_fla(backend, q, head_dim_limit("parallel attention", K=K))):
+    kernel = FLA_KERNELS["parallel_forgetting_attn" if g is not None else "parallel_attn"]
+    if dispatch("parallel_forgetting_attn", use_fla(backend, q, kernel.refusal(q))):
         if g is None:
             from fla.ops.attn import parallel_attn
 

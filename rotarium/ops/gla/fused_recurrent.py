@@ -1,23 +1,30 @@
-"""Recurrent GLA for decoding: fla's Triton kernel on CUDA, a step loop (or the chunked kernel) in PyTorch."""
+"""Recurrent GLA for decoding: fla's Triton kernel on CUDA, a step loop in PyTorch."""
 from __future__ import annotations
 
 import torch
 
-from rotarium.ops.backend import dispatch, use_fla
-from rotarium.ops.gla.chunk import check_gla_inputs, chunk_gla_torch
-from rotarium.ops.utils import MAX_STEPS, float32_internals, run_packed
+from rotarium.ops.backend import FLA_KERNELS, dispatch, use_fla
+from rotarium.ops.gla.chunk import check_gla_inputs
+from rotarium.ops.utils import float32_internals, run_packed
 
 
+@float32_internals
 def _step_loop(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, gk: torch.Tensor | None, gv: torch.Tensor | None,
-    scale: float, initial_state: torch.Tensor | None, reverse: bool,
-) -> tuple[torch.Tensor, torch.Tensor]:
+    scale: float, initial_state: torch.Tensor | None, output_final_state: bool, reverse: bool,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The recurrence one token at a time on ``[B, T, H, D]`` inputs (with packing, zero padding at the end leaves
+    the state unchanged, also in reverse, where it comes first)."""
     B, T, H, K = q.shape
     V = v.shape[-1]
     state = q.new_zeros(B, H, K, V, dtype=torch.float32) if initial_state is None else initial_state.float()
-    # unbind, not indexing per step: the backward of T index ops would allocate T full-size gradients
+    if T == 0:
+        return v.new_zeros(B, 0, H, V, dtype=torch.float32), state if output_final_state else None
+    # unbind, not indexing per step: the backward of T index ops would allocate T full-size gradients. The outer
+    # products k_t v_t^T are formed step by step, so that a long input holds one [K, V] product at a time.
     qs = (q.float() * scale).unsqueeze(-2).unbind(1)  # T x [B, H, 1, K]
-    kvs = (k.float()[..., :, None] * v.float()[..., None, :]).unbind(1)  # T x [B, H, K, V]
+    ks = k.float()[..., :, None].unbind(1)  # T x [B, H, K, 1]
+    vs = v.float()[..., None, :].unbind(1)  # T x [B, H, 1, V]
     dks = None if gk is None else gk.float().exp()[..., :, None].unbind(1)
     dvs = None if gv is None else gv.float().exp()[..., None, :].unbind(1)
     outputs = [None] * T
@@ -26,28 +33,9 @@ def _step_loop(
             state = state * dks[t]
         if dvs is not None:
             state = state * dvs[t]
-        state = state + kvs[t]
+        state = state + ks[t] * vs[t]
         outputs[t] = (qs[t] @ state).squeeze(-2)
-    return torch.stack(outputs, dim=1), state
-
-
-@float32_internals
-def _fused_recurrent_torch(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, gk: torch.Tensor | None, gv: torch.Tensor | None,
-    scale: float, initial_state: torch.Tensor | None, output_final_state: bool, reverse: bool,
-) -> tuple[torch.Tensor, torch.Tensor | None]:
-    if q.shape[1] > MAX_STEPS and gv is None:
-        # Same math as the chunked kernel, so long inputs never fall into a Python loop over time.
-        # Reverse is the forward recurrence on time-flipped inputs; with packing the zero padding then
-        # comes first, where a zero key and a zero log decay leave the state unchanged.
-        g = torch.zeros_like(k) if gk is None else gk
-        inputs = (q, k, v, g)
-        if reverse:
-            inputs = tuple(x.flip(1) for x in inputs)
-        o, final_state = chunk_gla_torch(*inputs, scale, initial_state, output_final_state)
-        return (o.flip(1) if reverse else o), final_state
-    o, final_state = _step_loop(q, k, v, gk, gv, scale, initial_state, reverse)
-    return o, final_state if output_final_state else None
+    return torch.stack(outputs, dim=1), state if output_final_state else None
 
 
 def fused_recurrent_gla(
@@ -81,13 +69,14 @@ def fused_recurrent_gla(
     Returns:
         ``o [B, T, H, V]`` (dtype of v) and the final state ``[N, H, K, V]`` (float32) or None.
 
-    The PyTorch path loops over time for short inputs and for ``gv``; longer inputs with ``gk`` only run
-    the chunked kernel of :func:`rotarium.ops.gla.chunk_gla`.
+    Both paths step through the tokens, however many: where the chunked kernel
+    (:func:`rotarium.ops.gla.chunk_gla`) suits the input better, choosing it is the caller's (rotarium's mixers
+    do, as fla's layers pass a ``mode``).
     """
     check_gla_inputs(q, k, v, {"gk": gk, "gv": gv}, initial_state, cu_seqlens)
     if scale is None:
         scale = q.shape[-1] ** -0.5
-    if dispatch("fused_recurrent_gla", use_fla(backend, q)):
+    if dispatch("fused_recurrent_gla", use_fla(backend, q, FLA_KERNELS["fused_recurrent_gla"].refusal(q))):
         from fla.ops.gla import fused_recurrent_gla as fla_fused_recurrent_gla
 
         return fla_fused_recurrent_gla(
@@ -96,7 +85,7 @@ def fused_recurrent_gla(
             output_final_state=output_final_state, reverse=reverse, cu_seqlens=cu_seqlens,
         )
     o, final_state = run_packed(
-        _fused_recurrent_torch, cu_seqlens, {"q": q, "k": k, "v": v, "gk": gk, "gv": gv},
+        _step_loop, cu_seqlens, {"q": q, "k": k, "v": v, "gk": gk, "gv": gv},
         scale=scale, initial_state=initial_state, output_final_state=output_final_state, reverse=reverse,
     )
     return o.to(v.dtype), final_state
