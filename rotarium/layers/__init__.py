@@ -1,11 +1,9 @@
 """Modules: the positional layer, the four token mixers and the shared block pieces."""
 from __future__ import annotations
 
-from functools import partial
-
 from torch import nn
 
-from rotarium.layers.attention import SoftmaxAttention
+from rotarium.layers.attention import ForgettingAttention, SoftmaxAttention, TransformerAttention
 from rotarium.layers.block import Block
 from rotarium.layers.conv import ShortConvolution
 from rotarium.layers.linear_attention import DeltaNet, GatedLinearAttention
@@ -21,11 +19,14 @@ from rotarium.layers.positional import (
 )
 from rotarium.layers.sequence import SequenceInfo
 
-MIXERS = {
+# Each family's token mixer, under the family's name (its config's `family`). The layers cannot see the configs
+# and models above them, so a family registers its mixer here and `rotarium.models.modeling.FAMILY_MODELS` holds
+# the rest of its record (docs/design.md §6).
+MIXERS: dict[str, type[nn.Module]] = {
     "gla": GatedLinearAttention,
-    "fox": partial(SoftmaxAttention, forget_gate=True),
+    "fox": ForgettingAttention,
     "deltanet": DeltaNet,
-    "transformer": partial(SoftmaxAttention, forget_gate=False),
+    "transformer": TransformerAttention,
 }
 
 
@@ -37,7 +38,8 @@ def build_mixer(family: str, **kwargs) -> nn.Module:
 
 
 __all__ = [
-    "MIXERS", "POSITION_ENCODINGS", "Block", "DeltaNet", "Encoded", "GatedLinearAttention", "HeadDims", "HeadRMSNorm",
-    "PositionalEncoding", "PositionalSettings", "RMSNorm", "SequenceInfo", "ShortConvolution", "SoftmaxAttention",
-    "SwiGLU", "build_mixer", "build_positional", "default_intermediate_size",
+    "MIXERS", "POSITION_ENCODINGS", "Block", "DeltaNet", "Encoded", "ForgettingAttention", "GatedLinearAttention",
+    "HeadDims", "HeadRMSNorm", "PositionalEncoding", "PositionalSettings", "RMSNorm", "SequenceInfo",
+    "ShortConvolution", "SoftmaxAttention", "SwiGLU", "TransformerAttention", "build_mixer", "build_positional",
+    "default_intermediate_size",
 ]

@@ -1,4 +1,5 @@
-"""Softmax attention mixers: the Transformer's attention and FoX's forgetting attention, one module.
+"""Softmax attention mixers: the Transformer's attention and FoX's forgetting attention, one module with a
+named subclass for each family (:class:`TransformerAttention`, :class:`ForgettingAttention`).
 
 FoX (Lin et al., ICLR 2025) is causal softmax attention with a per-head forget gate, ``logits + c_i - c_j`` with
 ``c = cumsum(log f)``; the Transformer is the same without the gate (Selective RoPE gives it one, on by default).
@@ -8,6 +9,7 @@ Both run on :func:`rotarium.ops.parallel_forgetting_attn`, and on
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -119,6 +121,22 @@ class SoftmaxAttention(nn.Module):
         out = self.o_proj(o.reshape(B, T, -1))
         new_state = {"kv": cache, "positional": enc.state} if use_cache else None
         return (out, new_state, weights) if output_attentions else (out, new_state)
+
+
+class ForgettingAttention(SoftmaxAttention):
+    """FoX's mixer (docs/design.md §2.2): :class:`SoftmaxAttention` with its forget gate. ``options`` are the
+    other keyword arguments of :class:`SoftmaxAttention`."""
+
+    def __init__(self, hidden_size: int, num_heads: int, positional: PositionalSettings, **options: Any):
+        super().__init__(hidden_size, num_heads, positional, forget_gate=True, **options)
+
+
+class TransformerAttention(SoftmaxAttention):
+    """The Transformer's mixer (docs/design.md §2.4): :class:`SoftmaxAttention` without a forget gate.
+    ``options`` are the other keyword arguments of :class:`SoftmaxAttention`."""
+
+    def __init__(self, hidden_size: int, num_heads: int, positional: PositionalSettings, **options: Any):
+        super().__init__(hidden_size, num_heads, positional, forget_gate=False, **options)
 
 
 @dataclass(eq=False)

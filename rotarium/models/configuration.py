@@ -40,8 +40,9 @@ class RotariumConfig(PretrainedConfig):
     r"""The fields every family shares: the model's sizes, its special tokens and the positional layer's options.
 
     A family's class adds its mixer's options and sets ``model_type``, ``family``, ``default_num_heads``,
-    ``mixer_fields`` (its fields that go to the mixer) and ``presets``. Every field is validated at construction,
-    with a ``ValueError`` that names it.
+    ``mixer_fields`` (its fields that go to the mixer) and ``presets``; its record in
+    ``rotarium.models.modeling.FAMILY_MODELS`` registers it. Every field is validated at construction, with a
+    ``ValueError`` that names it.
 
     Args:
         vocab_size (`int`, *optional*, defaults to 32000):
@@ -496,5 +497,7 @@ class TransformerConfig(RotariumConfig):
         super().__init__(position_encoding=position_encoding, **kwargs)
 
 
-CONFIGS: dict[str, type[RotariumConfig]] = {c.family: c for c in (GLAConfig, FoXConfig, DeltaNetConfig,
-                                                                   TransformerConfig)}
+# The family configs by name, read from the families' registry (`rotarium.models.modeling.FAMILY_MODELS`, which
+# fills it on import, as the models import the configs and not the other way). Importing any rotarium.models module
+# imports the package, and with it the registry, first.
+CONFIGS: dict[str, type[RotariumConfig]] = {}

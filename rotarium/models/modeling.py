@@ -1,7 +1,8 @@
-"""The one model and causal-LM head that serve all four families.
+"""The one model and causal-LM head that serve all four families, and the families' registry.
 
 A family differs only in its config (``model_type``, defaults) and the mixer its config builds; the classes at
-the bottom of this file bind each family's config to the shared implementation, so ``AutoModel`` can find them.
+the bottom of this file bind each family's config to the shared implementation, so ``AutoModel`` can find them,
+and :data:`FAMILY_MODELS` holds each family's record, from which every list of families is derived.
 """
 from __future__ import annotations
 
@@ -17,9 +18,10 @@ from transformers.cache_utils import Cache
 from transformers.modeling_outputs import BaseModelOutputWithPast, CausalLMOutputWithPast
 from transformers.utils import logging
 
-from rotarium.layers import Block, HeadRMSNorm, RMSNorm, SequenceInfo, ShortConvolution, build_mixer
+from rotarium.layers import MIXERS, Block, HeadRMSNorm, RMSNorm, SequenceInfo, ShortConvolution, build_mixer
 from rotarium.models.cache import RotariumCache, RotariumCacheLayer, rotarium_layers
 from rotarium.models.configuration import (
+    CONFIGS,
     DeltaNetConfig,
     FoXConfig,
     GLAConfig,
@@ -86,7 +88,7 @@ class RotariumPreTrainedModel(PreTrainedModel):
         from rotarium.models.remote_code import prepare_save  # the bundler reads source files: only saving needs it
 
         if kwargs.get("is_main_process", True):
-            prepare_save(self.config, tuple(c.__name__ for c in FAMILY_MODELS[self.config.family]), save_directory)
+            prepare_save(self.config, FAMILY_MODELS[self.config.family].class_names, save_directory)
         return super().save_pretrained(save_directory, *args, **kwargs)
 
     def post_init(self) -> None:
@@ -466,16 +468,57 @@ class TransformerForCausalLM(RotariumForCausalLM, GenerationMixin):
 
 
 class FamilyClasses(NamedTuple):
-    """The three classes that bind one family's config to the shared model and causal-LM head."""
+    """One family's record: its config class, which names it (``family``, ``model_type``) and holds its fields and
+    presets, and the model and causal-LM classes that bind that config to the shared implementation. Its mixer is
+    the class :data:`rotarium.layers.MIXERS` registers under its name (the layers sit below the configs, so they
+    cannot hold the record). It unpacks as ``(config, model, lm)``."""
 
     config: type[RotariumConfig]
     model: type[RotariumModel]
     lm: type[RotariumForCausalLM]
 
+    @property
+    def name(self) -> str:
+        return self.config.family
 
-FAMILY_MODELS: dict[str, FamilyClasses] = {
-    "gla": FamilyClasses(GLAConfig, GLAModel, GLAForCausalLM),
-    "fox": FamilyClasses(FoXConfig, FoXModel, FoXForCausalLM),
-    "deltanet": FamilyClasses(DeltaNetConfig, DeltaNetModel, DeltaNetForCausalLM),
-    "transformer": FamilyClasses(TransformerConfig, TransformerModel, TransformerForCausalLM),
-}
+    @property
+    def model_type(self) -> str:
+        return self.config.model_type
+
+    @property
+    def mixer(self) -> type[nn.Module]:
+        return MIXERS[self.name]
+
+    @property
+    def class_names(self) -> tuple[str, str, str]:
+        """The names a checkpoint's ``auto_map`` points transformers' Auto classes at."""
+        return self.config.__name__, self.model.__name__, self.lm.__name__
+
+
+def family_registry(*records: FamilyClasses) -> dict[str, FamilyClasses]:
+    """The records by family name, in the order given, each checked to be whole: a mixer registered under its name,
+    and model classes bound to its config."""
+    registry: dict[str, FamilyClasses] = {}
+    for record in records:
+        if record.name in registry:
+            raise ValueError(f"family {record.name!r} is declared twice")
+        if record.name not in MIXERS:
+            raise ValueError(f"family {record.name!r} has no mixer: register one in rotarium.layers.MIXERS")
+        for bound in (record.model, record.lm):
+            if bound.config_class is not record.config:
+                raise ValueError(f"{bound.__name__}.config_class is {bound.config_class.__name__}, not "
+                                 f"{record.config.__name__}")
+        registry[record.name] = record
+    return registry
+
+
+# Every family, once: adding a family is a mixer in rotarium.layers.MIXERS, its config and model classes, and its
+# record here. The lists of families elsewhere (configs, Auto classes, presets, the synthetic runs, the tests) are
+# read from this one.
+FAMILY_MODELS: dict[str, FamilyClasses] = family_registry(
+    FamilyClasses(GLAConfig, GLAModel, GLAForCausalLM),
+    FamilyClasses(FoXConfig, FoXModel, FoXForCausalLM),
+    FamilyClasses(DeltaNetConfig, DeltaNetModel, DeltaNetForCausalLM),
+    FamilyClasses(TransformerConfig, TransformerModel, TransformerForCausalLM),
+)
+CONFIGS.update({name: record.config for name, record in FAMILY_MODELS.items()})

@@ -17,12 +17,14 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from rotarium.models.configuration import CONFIGS
+from rotarium.models.modeling import FAMILY_MODELS
 from rotarium.synthetic.tasks import IGNORE, TASKS, make_batch
 from rotarium.training.config import OptimSection
 from rotarium.training.optim import build_optimizer, clip_norm, set_learning_rate
 from rotarium.utils.devices import check_device
 
-FAMILIES = ("gla", "fox", "deltanet", "transformer")
+FAMILIES = tuple(FAMILY_MODELS)
 POSITIONS = ("nope", "rope", "rove", "selective_rope")
 
 
@@ -94,8 +96,6 @@ class RunSettings:
                      "eval_lengths", "num_pairs", "vocab_size"):
             if values[name] is None:
                 values[name] = getattr(spec, name)
-        from rotarium.models.configuration import CONFIGS
-
         CONFIGS[values["family"]].check_options(values["model_options"], prefix="--option ",
                                                 set_elsewhere=SET_BY_RUN)
         out = RunSettings(**values)
@@ -140,9 +140,6 @@ class RunResult:
 
 
 def build_model(settings: RunSettings) -> torch.nn.Module:
-    from rotarium.models.configuration import CONFIGS
-    from rotarium.models.modeling import FAMILY_MODELS
-
     s = settings
     config = CONFIGS[s.family](
         vocab_size=s.vocab_size if s.task == "mqar" else TASKS[s.task].vocab_size, hidden_size=s.hidden_size,

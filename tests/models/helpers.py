@@ -5,7 +5,7 @@ import torch
 import rotarium  # noqa: F401  (registers the Auto classes)
 from rotarium.models import CONFIGS, FAMILY_MODELS
 
-FAMILIES = ("gla", "fox", "deltanet", "transformer")
+FAMILIES = tuple(FAMILY_MODELS)
 ENCODINGS = ("nope", "rope", "rove", "selective_rope")
 COMBINATIONS = [(f, p) for f in FAMILIES for p in ENCODINGS]
 VOCAB = 61

@@ -1,0 +1,82 @@
+"""The families' registry: one record per family (``FAMILY_MODELS``, with its mixer in ``rotarium.layers.MIXERS``),
+from which every other list of families is read; the named softmax mixers leave checkpoints as they were."""
+from __future__ import annotations
+
+import pytest
+from transformers import AutoConfig, AutoModel, AutoModelForCausalLM
+
+from rotarium.configs import PRESETS
+from rotarium.hub.checkpoint import MODEL_TYPES
+from rotarium.layers import MIXERS, ForgettingAttention, SoftmaxAttention, TransformerAttention
+from rotarium.models import CONFIGS, FAMILY_MODELS, FamilyClasses, FoXConfig, FoXModel, GLAConfig, GLAModel
+from rotarium.models.modeling import family_registry
+from rotarium.synthetic.runner import FAMILIES as SYNTHETIC_FAMILIES
+from tests.models.helpers import FAMILIES, tiny_config, tiny_model
+
+# A one-block model's state-dict keys as saved before the softmax mixers had classes of their own (written out, so
+# that a change of module names shows here rather than in a checkpoint that no longer loads).
+SHARED_KEYS = {"model.embed_tokens.weight", "model.norm.weight", "lm_head.weight", "model.layers.0.mixer_norm.weight",
+               "model.layers.0.mlp_norm.weight", "model.layers.0.mlp.gate_proj.weight",
+               "model.layers.0.mlp.up_proj.weight", "model.layers.0.mlp.down_proj.weight"}
+ATTENTION_KEYS = {f"model.layers.0.mixer.{name}_proj.weight" for name in "qkvo"}
+SAVED_KEYS = {
+    "fox": SHARED_KEYS | ATTENTION_KEYS | {"model.layers.0.mixer.fgate_proj.weight",
+                                          "model.layers.0.mixer.fgate_proj.bias"},
+    "transformer": SHARED_KEYS | ATTENTION_KEYS,
+}
+
+
+def test_every_list_of_families_is_read_from_the_registry():
+    assert tuple(MIXERS) == tuple(CONFIGS) == tuple(FAMILY_MODELS) == SYNTHETIC_FAMILIES == FAMILIES
+    assert CONFIGS == {name: record.config for name, record in FAMILY_MODELS.items()}
+    assert MODEL_TYPES == {record.model_type: name for name, record in FAMILY_MODELS.items()}
+    assert {family for family, _ in PRESETS.values()} == set(FAMILY_MODELS)
+    for record in FAMILY_MODELS.values():
+        assert AutoConfig.for_model(record.model_type).__class__ is record.config
+        assert AutoModel._model_mapping[record.config] is record.model
+        assert AutoModelForCausalLM._model_mapping[record.config] is record.lm
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_a_record_is_whole(family):
+    record = FAMILY_MODELS[family]
+    config, model, lm = record  # the record still unpacks as the three classes it always held
+    assert record.name == config.family == family
+    assert model.config_class is config and lm.config_class is config
+    assert record.mixer is MIXERS[family]
+    assert record.class_names == (config.__name__, model.__name__, lm.__name__)
+    built = tiny_model(family, "nope")
+    assert all(type(block.mixer) is record.mixer for block in built.model.layers)
+
+
+def test_the_registry_refuses_a_record_that_is_not_whole():
+    gla = FAMILY_MODELS["gla"]
+    with pytest.raises(ValueError, match="declared twice"):
+        family_registry(gla, gla)
+    with pytest.raises(ValueError, match="GLAModel.config_class is GLAConfig, not FoXConfig"):
+        family_registry(FamilyClasses(FoXConfig, GLAModel, FAMILY_MODELS["fox"].lm))
+
+    class MambaConfig(GLAConfig):
+        family = "mamba"
+
+    with pytest.raises(ValueError, match="family 'mamba' has no mixer"):
+        family_registry(FamilyClasses(MambaConfig, FoXModel, FAMILY_MODELS["fox"].lm))
+
+
+def test_the_softmax_families_have_named_mixers():
+    config = tiny_config("fox", "nope")
+    kwargs = config.mixer_kwargs()
+    fox, transformer = ForgettingAttention(**kwargs), TransformerAttention(**kwargs)
+    assert isinstance(fox, SoftmaxAttention) and isinstance(transformer, SoftmaxAttention)
+    assert fox.forget_gate and hasattr(fox, "fgate_proj")
+    assert not transformer.forget_gate and not hasattr(transformer, "fgate_proj")
+
+
+@pytest.mark.parametrize("family", sorted(SAVED_KEYS))
+def test_checkpoints_keep_their_keys_and_configs(family):
+    """A mixer's class name reaches neither the state dict nor the config, so checkpoints saved before the named
+    mixers load as they did."""
+    model = tiny_model(family, "nope", num_hidden_layers=1, num_kv_heads=None, tie_word_embeddings=False)
+    assert set(model.state_dict()) == SAVED_KEYS[family]
+    saved = model.config.to_json_string()
+    assert not any(mixer.__name__ in saved for mixer in MIXERS.values())
