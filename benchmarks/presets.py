@@ -668,7 +668,7 @@ def parse_list(value: str, allowed: tuple[str, ...], flag: str) -> list[str]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--presets", default=None, help="comma-separated presets (default: all 8)")
+    parser.add_argument("--presets", default=None, help="comma-separated presets (default: every preset)")
     parser.add_argument("--options", default=",".join(ENCODINGS), help="comma-separated positional options")
     parser.add_argument("--parts", default="steps,memory", help=f"comma-separated, among {', '.join(PARTS)}")
     parser.add_argument("--numerics", action="store_true", help="adds numerics to --parts")
