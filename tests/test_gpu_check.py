@@ -76,21 +76,39 @@ def table_rows(stdout: str) -> dict[str, tuple[str, str]]:
     return rows
 
 
-def run_on_cpu(part: str, mode: str) -> dict[str, tuple[str, str]]:
-    """The final table of ``gpu_check.py --part PART --MODE``, each row checked against :func:`expected_rows`."""
+def run_on_cpu(part: str, mode: str, only: tuple[str, ...] = ()) -> dict[str, tuple[str, str]]:
+    """The final table of ``gpu_check.py --part PART --MODE`` (with ``--only TEXT`` for each of ``only``: the rows
+    whose name holds one of them), each row checked against :func:`expected_rows` (those ``only`` selects)."""
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}  # this tree, not an installed rotarium
-    result = subprocess.run([sys.executable, "benchmarks/gpu_check.py", "--part", part, f"--{mode}"], cwd=ROOT,
-                            env=env, capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=900,
-                            check=False)
+    if only and mode == "interpret":
+        env["TRITON_INTERPRET"] = "1"  # what the script starts itself again with; a piece need not (ops does)
+    args = [sys.executable, "benchmarks/gpu_check.py", "--part", part, f"--{mode}"]
+    for text in only:
+        args += ["--only", text]
+    result = subprocess.run(args, cwd=ROOT, env=env, capture_output=True, text=True, stdin=subprocess.DEVNULL,
+                            timeout=900, check=False)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     rows = table_rows(result.stdout)
-    expected = expected_rows(part, mode)
+    expected = [(start, status) for start, status in expected_rows(part, mode)
+                if not only or any(text in start for text in only)]
     assert len(rows) == len(expected), sorted(rows)
     for start, status in expected:
         matches = [name for name in rows if name.startswith(start)]
         assert len(matches) == 1, (start, matches)
         assert rows[matches[0]][0] == status, (matches[0], rows[matches[0]])
     return rows
+
+
+# The interpreted models part runs in pieces, one test each (--only: the rows of one family), so that the workers of
+# `make test` share its minutes; together the pieces run every row of the part once (checked below).
+MODEL_PIECES = {family: (f"e2e {family} ", f"no host sync {family} ", f"train {family}-370m ")
+                for family in ("gla", "fox", "deltanet", "gated-deltanet", "transformer")}
+
+
+def test_the_interpreted_pieces_run_every_row_of_the_models_part_once():
+    for start, _ in expected_rows("models", "interpret"):
+        pieces = [name for name, texts in MODEL_PIECES.items() if any(text in start for text in texts)]
+        assert len(pieces) == 1, (start, pieces)
 
 
 @pytest.mark.slow
@@ -105,14 +123,15 @@ def test_dry_run_builds_and_runs_every_row(part):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("part", ["ops", "models"])
-def test_fla_kernels_run_by_tritons_interpreter_agree_with_the_pytorch_path(part):
+@pytest.mark.parametrize("part, only", [("ops", ()), *(("models", texts) for texts in MODEL_PIECES.values())],
+                         ids=["ops", *(f"models-{name}" for name in MODEL_PIECES)])
+def test_fla_kernels_run_by_tritons_interpreter_agree_with_the_pytorch_path(part, only):
     """The CUDA path without a GPU: fla's own Triton kernels, executed by Triton's interpreter on CPU, take the calls
     rotarium makes (packed sequences with per-sequence states, GQA, windows, decoding against a cache, the chunked
     loss, every family x positional option end to end) and give what the PyTorch path gives; fla's own models of the
     presets, loaded with the same weights, start from the same loss."""
     pytest.importorskip("fla.ops")
-    rows = run_on_cpu(part, "interpret")
+    rows = run_on_cpu(part, "interpret", only)
     # two different implementations ran: no compared row of tensors agrees to the last bit (the script's dispatch
     # counts already require the fla side to have run fla). A training row compares one scalar, the first loss
     # under fp16 autocast, which two implementations can round to the same float.
