@@ -484,6 +484,7 @@ class SelectiveRoPE(PositionalEncoding):
             keep = torch.exp(-math.log(2) / half_lives)
             values["decay_proj.bias"] = torch.log(keep / (1 - keep)).float()
         if self.settings.selective_rope_rank is None:
+            values["phi_direction"] = torch.empty(self.heads, self.pairs, self.chunk).normal_()
             values["phi_gain"] = torch.ones(self._gain_shape())
         if self.settings.selective_rope_bias:
             values["omega_bias"] = torch.zeros(self.heads * self.pairs)

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import TYPE_CHECKING, ClassVar, NamedTuple
+from collections.abc import Callable
+from typing import TYPE_CHECKING, ClassVar, NamedTuple, TypeVar
 
 import torch
 import torch.nn.functional as F
@@ -49,6 +50,19 @@ IGNORE_INDEX = -100  # transformers' label for tokens that are not scored
 # the head's memory, and a chunk this long keeps the projection's matmuls large enough to run efficiently
 # (benchmarks/lm_head.py weighs the two; docs/benchmarks.md has its results).
 LOSS_CHUNK_TOKENS = 1024
+ModuleT = TypeVar("ModuleT", bound=nn.Module)
+
+
+def built_empty(build: Callable[[], ModuleT]) -> ModuleT:
+    """``build()`` run on the meta device, then given uninitialised storage where a parameter registered now would
+    live (the default device, or the meta device under accelerate's ``init_empty_weights``). Its modules'
+    own initialisation, which a module built alone relies on, then draws nothing: the model's ``_init_weights`` sets
+    every value, once."""
+    probe = nn.Module()
+    probe.register_parameter("weight", nn.Parameter(torch.empty(0)))
+    with torch.device("meta"):
+        module = build()
+    return module.to_empty(device=probe.weight.device)
 
 
 class RotariumPreTrainedModel(PreTrainedModel):
@@ -59,6 +73,8 @@ class RotariumPreTrainedModel(PreTrainedModel):
     _supports_cache_class = True
 
     def _init_weights(self, module: nn.Module) -> None:
+        """Every value of the model, set once: the models build their modules without values (:func:`built_empty`),
+        and ``from_pretrained`` calls this for the weights a checkpoint lacks."""
         std = self.config.initializer_range
         if isinstance(module, nn.Linear):
             if getattr(module, "is_residual_projection", False):
@@ -103,13 +119,13 @@ class RotariumModel(RotariumPreTrainedModel):
 
     def __init__(self, config: RotariumConfig):
         super().__init__(config)
-        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
-        self.layers = nn.ModuleList([
+        self.embed_tokens = built_empty(lambda: nn.Embedding(config.vocab_size, config.hidden_size))
+        self.layers = built_empty(lambda: nn.ModuleList([
             Block(config.hidden_size, build_mixer(config.family, **config.mixer_kwargs()), config.intermediate_size,
                   config.norm_eps)
             for _ in range(config.num_hidden_layers)
-        ])
-        self.norm = RMSNorm(config.hidden_size, eps=config.norm_eps)
+        ]))
+        self.norm = built_empty(lambda: RMSNorm(config.hidden_size, eps=config.norm_eps))
         self.cache_settings = cache_settings(config)
         self.post_init()
 
@@ -297,7 +313,7 @@ class RotariumForCausalLM(RotariumPreTrainedModel, GenerationMixin):
     def __init__(self, config: RotariumConfig):
         super().__init__(config)
         self.model = RotariumModel(config)
-        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.lm_head = built_empty(lambda: nn.Linear(config.hidden_size, config.vocab_size, bias=False))
         self.post_init()
 
     def get_input_embeddings(self) -> nn.Embedding:
