@@ -1,16 +1,16 @@
 """`rotarium eval` and `rotarium generate` on a trained checkpoint, and the perplexity computation itself."""
 import json
 import math
-import subprocess
-import sys
 
 import pytest
 import torch
 
 import rotarium
+from rotarium import cli
 from rotarium.evaluation.generate import generate_text
 from rotarium.evaluation.perplexity import perplexity_by_context
-from tests.training.helpers import ROOT, ok, run_child
+from tests.cli_cases import run_cli_cases
+from tests.training.helpers import ok, run_child
 
 
 def test_perplexity_is_the_mean_loss_over_windows():
@@ -83,30 +83,41 @@ def test_generate_samples_and_greedy_is_deterministic(reference):
     assert greedy[0] == greedy[1]
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("args, message", [
+BAD_INPUT = [
     (["eval", "--model", "/nonexistent/model"], "--model /nonexistent/model"),
     (["eval", "--model", "x", "--context-lengths", "a,b"], "--context-lengths"),
     (["generate", "--model", "/nonexistent/model", "--prompt", "x"], "--model /nonexistent/model"),
     (["train", "--optim.lrr", "1"], "optim.lrr"),
     (["train", "--config", "nope.yaml"], "no such file"),
     (["eval", "--model", "x", "--bogus", "1"], "unrecognized arguments"),
-])
-def test_bad_input_gets_a_clear_message(args, message):
-    result = subprocess.run([sys.executable, "-m", "rotarium", *args], capture_output=True, text=True, cwd=ROOT,
-                            timeout=120, check=False)
-    assert result.returncode == 2
-    assert message in result.stderr and "Traceback" not in result.stderr
+]
+
+
+@pytest.fixture(scope="module")
+def bad_input_results(tmp_path_factory) -> dict[str, tuple[int, str] | None]:
+    """Every BAD_INPUT command line through the CLI's whole path, all in one child process (from the repository
+    root, as `python -m rotarium` ran there)."""
+    return run_cli_cases({" ".join(args): args for args, _ in BAD_INPUT}, tmp_path_factory.mktemp("bad-input"))
 
 
 @pytest.mark.slow
-def test_every_command_explains_its_options():
+@pytest.mark.xdist_group("evaluation-bad-input")  # one worker, so one child runs the cases
+@pytest.mark.parametrize("args, message", BAD_INPUT)
+def test_bad_input_gets_a_clear_message(args, message, bad_input_results):
+    returncode, stderr = bad_input_results[" ".join(args)]
+    assert returncode == 2
+    assert message in stderr and "Traceback" not in stderr
+
+
+def test_every_command_explains_its_options(capsys):
+    # in this process, through the CLI's own parser (the entry point as a process: tests/test_cli.py and the runs)
+    helps = {}
     for command in ("train", "eval", "generate"):
-        result = subprocess.run([sys.executable, "-m", "rotarium", command, "--help"], capture_output=True,
-                                text=True, cwd=ROOT, timeout=120, check=False)
-        assert result.returncode == 0 and "--" in result.stdout
-    train_help = subprocess.run([sys.executable, "-m", "rotarium", "train", "--help"], capture_output=True,
-                                text=True, cwd=ROOT, timeout=120, check=False).stdout
+        with pytest.raises(SystemExit) as exit_:
+            cli.main([command, "--help"])
+        helps[command] = capsys.readouterr().out
+        assert exit_.value.code == 0 and "--" in helps[command]
+    train_help = helps["train"]
     for flag in ("--config", "--output-dir", "--max-steps", "--save-every", "--resume", "--init-from",
                  "optim:", "global_batch_size"):
         assert flag in train_help
