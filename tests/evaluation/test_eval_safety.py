@@ -23,7 +23,8 @@ from tests.cli_cases import error_line, run_cli_cases
 from tests.hub.helpers import CodeInPickle
 from tests.training.helpers import ROOT, TINY, cli_args
 
-pytestmark = pytest.mark.slow
+# one worker runs the module, so its trained run and cases are made once (a module fixture is made per worker)
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("eval-safety")]
 
 SHORT = ["--context-lengths", "16", "--max-tokens", "256"]
 

@@ -173,7 +173,10 @@ def results(root) -> dict[str, tuple[int, str] | None]:
     return run_cli_cases(cases, root, skip_if_writable={"read-only output": root / "read-only"})
 
 
+# These tests share the sources and their cases (module fixtures, made again in each worker that runs one of
+# them): one worker runs them all (xdist_group), so those are made once.
 @pytest.mark.slow
+@pytest.mark.xdist_group("convert-safety")
 @pytest.mark.parametrize("case", list(CASES))
 def test_bad_sources_and_outputs_are_refused_in_one_line(case, root, results):
     if results[case] is None:
@@ -186,6 +189,7 @@ def test_bad_sources_and_outputs_are_refused_in_one_line(case, root, results):
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group("convert-safety")
 def test_nothing_outside_the_source_is_converted_and_no_source_is_lost(root, results):
     assert not (root / "out").exists() or not any((root / "out").iterdir())  # no output, not even a temporary one
     for holder in ("same", "parent", "dotdot", "inside", "linked-out"):

@@ -120,7 +120,10 @@ def results(root) -> dict[str, tuple[int, str] | None]:
     return run_cli_cases(cases, root, skip_if_writable={"export: read-only output": root / "read-only"})
 
 
+# These tests share the checkpoints and their cases (module fixtures, made again in each worker that runs one of
+# them): one worker runs them all (xdist_group), so those are made once.
 @pytest.mark.slow
+@pytest.mark.xdist_group("export-safety")
 @pytest.mark.parametrize("command", ["export", "push"])
 @pytest.mark.parametrize("case", list(CASES))
 def test_a_checkpoint_that_would_publish_the_wrong_thing_is_refused(case, command, root, results):
@@ -137,6 +140,7 @@ def test_a_checkpoint_that_would_publish_the_wrong_thing_is_refused(case, comman
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group("export-safety")
 @pytest.mark.parametrize("case", list(OPTION_CASES))
 def test_outputs_and_card_options_are_checked_before_the_work(case, root, results):
     if results[case] is None:

@@ -77,7 +77,10 @@ def results(folder) -> dict[str, tuple[int, str] | None]:
     return run_cli_cases(cases, folder, skip_if_writable={"read-only output folder": folder / "read_only"})
 
 
+# These tests share the input files and their cases (module fixtures, made again in each worker that runs one of
+# them): one worker runs them all (xdist_group), so those are made once.
 @pytest.mark.slow
+@pytest.mark.xdist_group("inputs")
 @pytest.mark.parametrize("case", list(_cases(Path("."))))
 def test_bad_input_is_one_line_with_exit_code_2(case, folder, results):
     if results[case] is None:

@@ -221,7 +221,10 @@ def prepared_run(folder, tmp_path_factory) -> Path:
     return run_dir
 
 
+# These tests share the prepared run and its refusals (module fixtures, made again in each worker that runs one of
+# them): one worker runs them all (xdist_group), so those are made once.
 @pytest.mark.slow
+@pytest.mark.xdist_group("prepared-run")
 def test_a_prepared_run_repeats_a_tokenising_run_on_the_same_documents(corpus, tokenizer_folder, prepared_run,
                                                                        tmp_path):
     """The same documents, tokenizer and seed: the same sequences in the same order, so the same losses."""
@@ -237,6 +240,7 @@ def test_a_prepared_run_repeats_a_tokenising_run_on_the_same_documents(corpus, t
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group("prepared-run")
 def test_a_checkpoint_records_the_data_position(prepared_run, folder):
     prepared = PreparedCorpus(folder)
     data = read_trainer_state(latest_checkpoint(prepared_run))["data"]
@@ -249,6 +253,7 @@ def test_a_checkpoint_records_the_data_position(prepared_run, folder):
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group("prepared-run")
 def test_eval_scores_the_validation_split_the_run_held_out(prepared_run, folder, tmp_path):
     from rotarium.evaluation.perplexity import evaluation_documents, evaluation_tokens
 
@@ -307,6 +312,7 @@ def refusals(corpus, folder, prepared_run, tmp_path_factory) -> tuple[Path, dict
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group("prepared-run")
 def test_a_moved_folder_with_the_same_content_resumes(refusals):
     work, results = refusals
     code, err = results["moved"]
@@ -315,6 +321,7 @@ def test_a_moved_folder_with_the_same_content_resumes(refusals):
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group("prepared-run")
 @pytest.mark.parametrize("case,expected", [
     ("content", ["`data.source=", "refilled` is not the prepared folder step-2 was trained on",
                  "its content differs (fingerprint", "--allow-config-change data"]),
@@ -331,6 +338,7 @@ def test_a_changed_folder_or_tokenizer_is_refused_by_name(refusals, case, expect
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group("prepared-run")
 def test_allow_config_change_data_goes_on_with_a_changed_folder(refusals):
     work, _ = refusals
     run_dir = work / "run-content"

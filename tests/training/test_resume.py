@@ -16,7 +16,8 @@ from rotarium.cli import main
 from rotarium.training.run_folder import CHECKSUMS, TRAINING_ARGS, choose_checkpoint, complete_checkpoints
 from tests.training.helpers import cli_args, losses, ok, run_child
 
-pytestmark = pytest.mark.slow
+# one worker runs the module, so its finished run is trained once (a module fixture is made per worker)
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("resume")]
 
 SHORT = {"train__max_steps": 6, "train__save_every": 2, "train__eval_every": 6}
 

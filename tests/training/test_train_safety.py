@@ -127,7 +127,10 @@ def results(folder, corpus) -> dict[str, tuple[int, str] | None]:
     return run_cli_cases(_cases(folder, corpus), folder)
 
 
+# These tests share the finished run and its cases (module fixtures, made again in each worker that runs one of
+# them): one worker runs them all (xdist_group), so those are made once.
 @pytest.mark.slow
+@pytest.mark.xdist_group("train-safety")
 @pytest.mark.parametrize("case", list(EXPECTED))
 def test_one_line_error_naming_the_problem(case, results):
     message = error_line(results[case], "train")
@@ -141,12 +144,14 @@ def _files(folder: Path) -> dict[str, bytes]:
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group("train-safety")
 def test_a_refused_rewind_leaves_the_run_as_it_was(finished, folder, results):
     for name in ("lower", "older", "past"):  # run by the cases of the same names
         assert _files(folder / name) == _files(finished), name
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group("train-safety")
 def test_allow_rewind_keeps_what_it_replaces(finished, folder, results):
     code, err = results["lower --max-steps with --allow-rewind"]
     assert code == 0, err[-3000:]
@@ -164,6 +169,7 @@ def test_allow_rewind_keeps_what_it_replaces(finished, folder, results):
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group("train-safety")
 def test_a_damaged_trainer_state_of_an_older_checkpoint_is_skipped_with_a_warning(results):
     code, err = results["damaged older trainer state"]
     assert code == 0 and "Traceback" not in err, err[-3000:]
@@ -171,6 +177,7 @@ def test_a_damaged_trainer_state_of_an_older_checkpoint_is_skipped_with_a_warnin
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group("train-safety")
 def test_a_fresh_run_builds_its_own_tokenizer(folder, results):
     assert error_line(results["failed run"], "train")  # it stopped after writing its tokenizer
     code, err = results["fresh run after it"]
