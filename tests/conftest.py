@@ -17,6 +17,13 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
 INTERPRETERS = ("python", "rotarium", "accelerate", "torchrun")
 
 
+def pytest_collection_modifyitems(items):
+    """The tests marked slow run first, each kind in its order (a stable sort): under `make test`'s two workers the
+    long ones start early and the many short ones fill the end, so neither worker is left alone with a long test.
+    (`--dist loadgroup` hands out the xdist groups before any of these.)"""
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+
+
 @pytest.fixture(autouse=True)
 def _seed():
     torch.manual_seed(0)
