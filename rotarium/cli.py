@@ -40,8 +40,11 @@ def main(argv: list[str] | None = None) -> int:
     if getattr(args, "func", None) is None:
         parser.print_help()
         return 2
+    from rotarium.utils.interrupts import interrupts_recorded
+
     try:
-        return int(args.func(args) or 0)
+        with interrupts_recorded():
+            return int(args.func(args) or 0)
     except KeyboardInterrupt:
         print(f"rotarium {args.command}: interrupted", file=sys.stderr)
         return 130  # the shell's code for a command ended by SIGINT

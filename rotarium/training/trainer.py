@@ -63,6 +63,7 @@ from rotarium.training.run_folder import (
     read_trainer_state,
 )
 from rotarium.utils.files import read_jsonl, write_json_atomic
+from rotarium.utils.interrupts import raise_if_interrupted
 
 logger = logging.getLogger(__name__)
 
@@ -262,6 +263,7 @@ class Trainer:
         step = self.start_step
         try:
             while step < t.max_steps:
+                raise_if_interrupted()  # a Ctrl-C that a finalizer swallowed stops the run here
                 result = self.train_step(step)
                 step += 1
                 self._bar.update(1)
