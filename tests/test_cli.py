@@ -67,8 +67,12 @@ def test_sigint_during_training_exits_130_without_a_traceback(tmp_path, corpus):
     run = tmp_path / "run"
     env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1",
            "PYTHONPATH": str(ROOT)}
+    # Python's SIGINT handler in the child, as in a terminal: a runner that a shell started in the background passes
+    # SIGINT on ignored, and a process started with SIGINT ignored keeps ignoring it
+    foreground = ("import runpy, signal; signal.signal(signal.SIGINT, signal.default_int_handler); "
+                  "runpy.run_module('rotarium', run_name='__main__', alter_sys=True)")
     process = subprocess.Popen(
-        [sys.executable, "-m", "rotarium", "train", *cli_args(corpus, train__max_steps=100000),
+        [sys.executable, "-c", foreground, "train", *cli_args(corpus, train__max_steps=100000),
          "--output-dir", str(run)], env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         deadline = time.monotonic() + 240

@@ -13,8 +13,18 @@ class _Finalized:
         os.kill(os.getpid(), signal.SIGINT)  # Python raises the KeyboardInterrupt here, and ignores it
 
 
+@pytest.fixture
+def foreground_sigint():
+    """Python's own SIGINT handler, as in a command started in the foreground: a test runner that a shell started in
+    the background passes SIGINT on ignored, and then nothing is recorded, as in any such process."""
+    original = signal.getsignal(signal.SIGINT)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, original)
+
+
 @pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
-def test_a_sigint_raised_inside_a_finalizer_is_raised_again_at_the_next_check():
+def test_a_sigint_raised_inside_a_finalizer_is_raised_again_at_the_next_check(foreground_sigint):
     before = signal.getsignal(signal.SIGINT)
     with interrupts_recorded():
         _Finalized()
