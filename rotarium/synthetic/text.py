@@ -540,6 +540,23 @@ def _line_style(column: str) -> dict[str, Any]:
             "marker": "s" if scaling else "o"}  # one colour per option in every panel, dashed with YaRN
 
 
+def _draw_panel(ax: Any, cells: dict, family: str, columns: list[str], train_length: int) -> None:
+    """One family's lines in ``ax``: per column, the median against context length with the seeds' min-max as a
+    band; the training length marked, lengths on a log2 axis."""
+    for column in columns:
+        points = sorted((x, c) for (f, col, x), c in cells.items() if (f, col) == (family, column))
+        if points:
+            xs = [x for x, _ in points]
+            style = _line_style(column)
+            ax.plot(xs, [c["median"] for _, c in points], label=column, **style)
+            ax.fill_between(xs, [c["min"] for _, c in points], [c["max"] for _, c in points], color=style["color"],
+                            alpha=0.15)
+    ax.axvline(train_length, color="gray", linestyle="--", linewidth=1)
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("context length (tokens)")
+    ax.grid(alpha=0.3)
+
+
 def plot(rows: list[dict[str, Any]], path: Path) -> None:
     import matplotlib
 
@@ -549,24 +566,12 @@ def plot(rows: list[dict[str, Any]], path: Path) -> None:
     cells = aggregate(rows)
     families = [f for f in FAMILIES if any(r["family"] == f for r in rows)]
     columns = _columns(rows)
-    lengths = sorted({r["context_length"] for r in rows})
     L = rows[0]["train_length"]
     fig, axes = plt.subplots(1, len(families), figsize=(3.4 * len(families), 3.4), squeeze=False)
     for ax, family in zip(axes[0], families):
-        for column in columns:
-            points = [(x, cells[(family, column, x)]) for x in lengths if (family, column, x) in cells]
-            if points:
-                xs = [x for x, _ in points]
-                style = _line_style(column)
-                ax.plot(xs, [c["median"] for _, c in points], label=column, **style)
-                ax.fill_between(xs, [c["min"] for _, c in points], [c["max"] for _, c in points],
-                                color=style["color"], alpha=0.15)
-        ax.axvline(L, color="gray", linestyle="--", linewidth=1)
-        ax.set_xscale("log", base=2)
+        _draw_panel(ax, cells, family, columns, L)
         ax.set_yscale("log")
         ax.set_title(family)
-        ax.set_xlabel("context length (tokens)")
-        ax.grid(alpha=0.3)
     axes[0][0].set_ylabel("perplexity (median, min-max)")
     axes[0][-1].legend(fontsize=8)
     fig.suptitle(f"perplexity against context length (dashed: training length {L})")
@@ -591,19 +596,8 @@ def plot_ruler(ruler_rows: list[dict[str, Any]], path: Path) -> None:
     for i, task in enumerate(tasks):
         cells = aggregate([r for r in ruler_rows if r["task"] == task], "answer_nll")
         for ax, family in zip(axes[i], families):
-            for column in columns:
-                points = sorted((x, c) for (f, col, x), c in cells.items() if (f, col) == (family, column))
-                if points:
-                    xs = [x for x, _ in points]
-                    style = _line_style(column)
-                    ax.plot(xs, [c["median"] for _, c in points], label=column, **style)
-                    ax.fill_between(xs, [c["min"] for _, c in points], [c["max"] for _, c in points],
-                                    color=style["color"], alpha=0.15)
-            ax.axvline(L, color="gray", linestyle="--", linewidth=1)
-            ax.set_xscale("log", base=2)
+            _draw_panel(ax, cells, family, columns, L)
             ax.set_title(f"{task}, {family}")
-            ax.set_xlabel("context length (tokens)")
-            ax.grid(alpha=0.3)
         axes[i][0].set_ylabel("answer NLL per token")
     axes[0][-1].legend(fontsize=8)
     fig.suptitle(f"RULER: the answer's NLL under teacher forcing (dashed: training length {L})")

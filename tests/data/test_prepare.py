@@ -353,10 +353,6 @@ def test_bad_input_gets_one_line(tmp_path, source, tokenizer_folder, reference):
     assert corpus.train.num_documents + corpus.validation.num_documents == len(source_documents(source))
 
 
-class _Killed(Exception):
-    pass
-
-
 def test_max_tokens_cuts_at_the_first_document_reaching_it_and_a_killed_cut_prepare_continues_alike(
         tmp_path, monkeypatch, jsonl_source, tokenizer_folder):
     """The recipes train on less than a stream holds: prepare reads until the training split holds the limit."""
@@ -382,10 +378,10 @@ def test_max_tokens_cuts_at_the_first_document_reaching_it_and_a_killed_cut_prep
     def die_after_first_shard(out, record):
         original(out, record)
         if record["splits"]["train"]["shards"]:
-            raise _Killed
+            raise Killed
 
     monkeypatch.setattr(prepared, "_write_progress", die_after_first_shard)
-    with pytest.raises(_Killed):
+    with pytest.raises(Killed):
         prepare(str(jsonl_source), tmp_path / "again", num_proc=1, max_tokens=limit, **settings)
     monkeypatch.setattr(prepared, "_write_progress", original)
     prepare(str(jsonl_source), tmp_path / "again", num_proc=1, max_tokens=limit, **settings)
