@@ -52,7 +52,8 @@ def check_rope_scaling(model: str, text: str) -> dict:
             f"--rope-scaling applies to rotarium checkpoints; --model {model} is a {config.model_type}")
     config.rope_parameters = scaling
     try:
-        config.check()  # the settings' checks and the layers' own (a missing key of the scaling), on the meta device
+        # the settings' checks and the layers' own (a missing key of the scaling), on the meta device
+        config.validate_fields()
     except ValueError as error:
         raise ValueError(f"--rope-scaling: {error}") from None
     return scaling

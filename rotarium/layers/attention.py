@@ -16,11 +16,12 @@ import torch.nn.functional as F
 from torch import nn
 
 from rotarium.layers.norm import HeadRMSNorm, RMSNorm
-from rotarium.layers.positional import HeadDims, PositionalSettings, build_positional
+from rotarium.layers.positional import MixerSpec, PositionalSettings, build_positional
 from rotarium.layers.sequence import SequenceInfo
 from rotarium.ops import forgetting_attn_with_cache, parallel_forgetting_attn
 from rotarium.ops.cumsum import segment_cumsum
 from rotarium.ops.forgetting_attn import eager_forgetting_attn
+from rotarium.utils.deprecation import warn_renamed
 
 
 class SoftmaxAttention(nn.Module):
@@ -52,7 +53,7 @@ class SoftmaxAttention(nn.Module):
         self.k_proj = nn.Linear(hidden_size, num_kv_heads * self.head_dim, bias=attention_bias)
         self.v_proj = nn.Linear(hidden_size, num_kv_heads * self.head_dim, bias=attention_bias)
         self.o_proj = nn.Linear(num_heads * self.head_dim, hidden_size, bias=False)
-        self.forget_gate, self.qk_norm, self.output_gate = forget_gate, qk_norm, output_gate
+        self.forget_gate, self.qk_norm, self.sigmoid_output_gate = forget_gate, qk_norm, output_gate
         if forget_gate:
             self.fgate_proj = nn.Linear(hidden_size, num_heads, bias=True)
         if (qk_norm_per_head or qk_norm_eps is not None) and not qk_norm:
@@ -69,8 +70,8 @@ class SoftmaxAttention(nn.Module):
                 self.k_norm = RMSNorm(self.head_dim, eps=eps)
         if output_gate:
             self.ogate_proj = nn.Linear(hidden_size, num_heads * self.head_dim, bias=False)
-        self.positional = build_positional(positional, HeadDims(
-            hidden_size, num_heads, num_kv_heads, self.head_dim, self.head_dim, mixer_has_decay=forget_gate,
+        self.positional = build_positional(positional, MixerSpec(
+            hidden_size, num_heads, num_kv_heads, self.head_dim, self.head_dim, has_decay=forget_gate,
             heads_major=True, softmax=True))
 
     def forward(self, hidden_states: torch.Tensor, seq: SequenceInfo, state: dict | None = None,
@@ -116,11 +117,17 @@ class SoftmaxAttention(nn.Module):
             else:
                 o = forgetting_attn_with_cache(*attended, scale=self.scale, attention_mask=cache.key_mask)
         o = enc.restore(o)
-        if self.output_gate:
+        if self.sigmoid_output_gate:
             o = o * torch.sigmoid(self.ogate_proj(x)).view(B, T, self.num_heads, self.head_dim)
         out = self.o_proj(o.reshape(B, T, -1))
         new_state = {"kv": cache, "positional": enc.state} if use_cache else None
         return (out, new_state, weights) if output_attentions else (out, new_state)
+
+
+    @property
+    def output_gate(self) -> bool:  # the earlier name, kept with a warning (docs/design.md §6)
+        warn_renamed("output_gate", "sigmoid_output_gate")
+        return self.sigmoid_output_gate
 
 
 class ForgettingAttention(SoftmaxAttention):

@@ -14,7 +14,7 @@ from torch import nn
 
 from rotarium.layers.conv import ShortConvolution
 from rotarium.layers.norm import RMSNorm
-from rotarium.layers.positional import Encoded, HeadDims, PositionalSettings, build_positional
+from rotarium.layers.positional import MixerSpec, PositionalOutput, PositionalSettings, build_positional
 from rotarium.layers.sequence import SequenceInfo
 from rotarium.ops import (
     chunk_delta_rule,
@@ -25,6 +25,7 @@ from rotarium.ops import (
     fused_recurrent_gla,
 )
 from rotarium.ops.l2norm import l2norm
+from rotarium.utils.deprecation import renamed_method, warn_renamed
 
 # The most tokens a mixer continuing from a state hands to the step-wise kernels: past one chunk, the chunked kernels
 # compute the same recurrence faster than a loop over time.
@@ -65,14 +66,14 @@ def head_sizes(hidden_size: int, num_heads: int, expand_k: float, expand_v: floa
 class LinearAttentionMixer(nn.Module):
     """Skeleton shared by GLA and DeltaNet. Subclasses implement ``prepare_qk`` and ``mix``."""
 
-    output_gate: bool
+    silu_output_gate: bool
 
     def __init__(self, hidden_size: int, num_heads: int, expand_k: float, expand_v: float, use_short_conv: bool,
-                 conv_size: int, output_gate: bool, mixer_has_decay: bool, positional: PositionalSettings,
-                 norm_eps: float = 1e-6, head_dim: int | None = None):
+                 conv_size: int, silu_output_gate: bool, has_decay: bool, positional: PositionalSettings,
+                 norm_eps: float = 1e-6, head_k_dim: int | None = None):
         super().__init__()
         self.hidden_size, self.num_heads = hidden_size, num_heads
-        self.head_k_dim, self.head_v_dim = head_sizes(hidden_size, num_heads, expand_k, expand_v, head_dim)
+        self.head_k_dim, self.head_v_dim = head_sizes(hidden_size, num_heads, expand_k, expand_v, head_k_dim)
         key_dim, value_dim = self.head_k_dim * num_heads, self.head_v_dim * num_heads
         self.q_proj = nn.Linear(hidden_size, key_dim, bias=False)
         self.k_proj = nn.Linear(hidden_size, key_dim, bias=False)
@@ -82,18 +83,18 @@ class LinearAttentionMixer(nn.Module):
             self.q_conv = ShortConvolution(key_dim, conv_size, "silu")
             self.k_conv = ShortConvolution(key_dim, conv_size, "silu")
             self.v_conv = ShortConvolution(value_dim, conv_size, "silu")
-        self.positional = build_positional(positional, HeadDims(
-            hidden_size, num_heads, num_heads, self.head_k_dim, self.head_v_dim, mixer_has_decay))
+        self.positional = build_positional(positional, MixerSpec(
+            hidden_size, num_heads, num_heads, self.head_k_dim, self.head_v_dim, has_decay))
         self.o_norm = RMSNorm(self.head_v_dim, eps=norm_eps)
-        self.output_gate = output_gate
-        if output_gate:
+        self.silu_output_gate = silu_output_gate
+        if silu_output_gate:
             self.g_proj = nn.Linear(hidden_size, value_dim, bias=False)
         self.o_proj = nn.Linear(value_dim, hidden_size, bias=False)
 
     def prepare_qk(self, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         return q, k
 
-    def mix(self, enc: Encoded, x: torch.Tensor, seq: SequenceInfo, recurrent: torch.Tensor | None,
+    def mix(self, enc: PositionalOutput, x: torch.Tensor, seq: SequenceInfo, recurrent: torch.Tensor | None,
             use_cache: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Runs the kernel on the encoded q, k, v: returns ``(o [B, T, H, V], final state or None)``."""
         raise NotImplementedError
@@ -125,14 +126,14 @@ class LinearAttentionMixer(nn.Module):
         enc = self.positional(q, k, v, x, seq, state.get("positional"))
         o, new_state["recurrent"] = self.mix(enc, x, seq, state.get("recurrent"), use_cache)
         o = self.o_norm(enc.restore(o))
-        if self.output_gate:
+        if self.silu_output_gate:
             o = o * F.silu(self.g_proj(x)).view(B, T, self.num_heads, self.head_v_dim)
         out = self.o_proj(o.reshape(B, T, -1))
         new_state["positional"] = enc.state
         return out, (new_state if use_cache else None)
 
     @staticmethod
-    def decoding(recurrent: torch.Tensor | None, enc: Encoded, *gates: torch.Tensor | None) -> bool:
+    def runs_step_wise(recurrent: torch.Tensor | None, enc: PositionalOutput, *gates: torch.Tensor | None) -> bool:
         """Whether to continue from the state with the step-wise (``fused_recurrent_*``) kernels rather than the
         chunked ones; this is the one place that chooses, and the ops run the kernel they are called as. Step-wise:
         at most MAX_STEPS tokens after a state, and only without gradients, because some of fla's step-wise kernels
@@ -145,6 +146,15 @@ class LinearAttentionMixer(nn.Module):
         return not any(t is not None and t.requires_grad for t in (enc.q, enc.k, enc.v, recurrent, *gates))
 
 
+    # earlier names, kept with a warning (docs/design.md §6)
+    decoding = staticmethod(renamed_method("decoding", runs_step_wise.__func__))
+
+    @property
+    def output_gate(self) -> bool:
+        warn_renamed("output_gate", "silu_output_gate")
+        return self.silu_output_gate
+
+
 class GatedLinearAttention(LinearAttentionMixer):
     """GLA (Yang et al., 2024): a low-rank per-key-channel gate ``g = logsigmoid(W2 W1 x + b) / 16``."""
 
@@ -152,8 +162,9 @@ class GatedLinearAttention(LinearAttentionMixer):
                  expand_v: float = 1.0, use_short_conv: bool = True, conv_size: int = 4,
                  gate_low_rank_dim: int = 16, gate_logit_normalizer: float = 16.0, norm_eps: float = 1e-6,
                  head_dim: int | None = None, rotary_gate_per_pair: bool = True):
-        super().__init__(hidden_size, num_heads, expand_k, expand_v, use_short_conv, conv_size, output_gate=True,
-                         mixer_has_decay=True, positional=positional, norm_eps=norm_eps, head_dim=head_dim)
+        super().__init__(hidden_size, num_heads, expand_k, expand_v, use_short_conv, conv_size,
+                         silu_output_gate=True, has_decay=True, positional=positional, norm_eps=norm_eps,
+                         head_k_dim=head_dim)
         self.gate_logit_normalizer = gate_logit_normalizer
         # A rotated feature pair (i, i + R/2) is one complex channel: it must decay as one, or the decay would not
         # commute with the rotation and RoPE would stop depending on relative positions only. The transition is then
@@ -165,7 +176,7 @@ class GatedLinearAttention(LinearAttentionMixer):
                                      nn.Linear(gate_low_rank_dim, (self.head_k_dim - self.tied_pairs) * num_heads,
                                                bias=True))
 
-    def mix(self, enc: Encoded, x: torch.Tensor, seq: SequenceInfo, recurrent: torch.Tensor | None,
+    def mix(self, enc: PositionalOutput, x: torch.Tensor, seq: SequenceInfo, recurrent: torch.Tensor | None,
             use_cache: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
         B, T, _ = x.shape
         g = F.logsigmoid(self.gk_proj(x).float()) / self.gate_logit_normalizer
@@ -173,7 +184,7 @@ class GatedLinearAttention(LinearAttentionMixer):
         if self.tied_pairs:
             g = torch.cat([g[..., :self.tied_pairs], g], dim=-1)
         g = seq.zero_padding(g)
-        if self.decoding(recurrent, enc, g):
+        if self.runs_step_wise(recurrent, enc, g):
             return fused_recurrent_gla(enc.q, enc.k, enc.v, gk=g, initial_state=recurrent,
                                        output_final_state=use_cache)
         return chunk_gla(enc.q, enc.k, enc.v, g, initial_state=recurrent, output_final_state=use_cache,
@@ -190,8 +201,8 @@ class DeltaNet(LinearAttentionMixer):
                  use_gated_delta: bool = False, use_output_gate: bool = False, norm_eps: float = 1e-6,
                  head_dim: int | None = None):
         super().__init__(hidden_size, num_heads, expand_k, expand_v, use_short_conv, conv_size,
-                         output_gate=use_output_gate, mixer_has_decay=use_gated_delta, positional=positional,
-                         norm_eps=norm_eps, head_dim=head_dim)
+                         silu_output_gate=use_output_gate, has_decay=use_gated_delta, positional=positional,
+                         norm_eps=norm_eps, head_k_dim=head_dim)
         self.use_gated_delta = use_gated_delta
         self.b_proj = nn.Linear(hidden_size, num_heads, bias=False)
         if use_gated_delta:
@@ -216,7 +227,7 @@ class DeltaNet(LinearAttentionMixer):
     def prepare_qk(self, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         return l2norm(q), l2norm(k)
 
-    def mix(self, enc: Encoded, x: torch.Tensor, seq: SequenceInfo, recurrent: torch.Tensor | None,
+    def mix(self, enc: PositionalOutput, x: torch.Tensor, seq: SequenceInfo, recurrent: torch.Tensor | None,
             use_cache: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
         beta = seq.zero_padding(torch.sigmoid(self.b_proj(x).float()))
         if self.use_gated_delta:
@@ -224,12 +235,12 @@ class DeltaNet(LinearAttentionMixer):
             g = seq.zero_padding(g)
         else:
             g = enc.log_decay
-        decoding = self.decoding(recurrent, enc, g, beta)
+        step_wise = self.runs_step_wise(recurrent, enc, g, beta)
         if g is None:
-            kernel = fused_recurrent_delta_rule if decoding else chunk_delta_rule
+            kernel = fused_recurrent_delta_rule if step_wise else chunk_delta_rule
             args = (enc.q, enc.k, enc.v, beta)
         else:
-            kernel = fused_recurrent_gated_delta_rule if decoding else chunk_gated_delta_rule
+            kernel = fused_recurrent_gated_delta_rule if step_wise else chunk_gated_delta_rule
             args = (enc.q, enc.k, enc.v, g, beta)
-        extra = {} if decoding else {"cu_seqlens": seq.cu_seqlens, "cu_seqlens_cpu": seq.cu_seqlens_cpu}
+        extra = {} if step_wise else {"cu_seqlens": seq.cu_seqlens, "cu_seqlens_cpu": seq.cu_seqlens_cpu}
         return kernel(*args, initial_state=recurrent, output_final_state=use_cache, **extra)

@@ -17,8 +17,8 @@ from __future__ import annotations
 import functools
 import json
 import math
-from dataclasses import asdict, dataclass, fields
-from typing import ClassVar
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any, ClassVar
 
 import torch
 import torch.nn.functional as F
@@ -31,6 +31,7 @@ from rotarium.ops.convolution import ACTIVATIONS
 from rotarium.ops.cumsum import segment_cumsum
 from rotarium.ops.l2norm import head_l2norm_and_linear
 from rotarium.ops.rotary import rotate_adjacent_pairs, rotate_half_pairs
+from rotarium.utils.deprecation import renamed_module_attributes
 
 POSITION_ENCODINGS = ("nope", "rope", "rove", "selective_rope")
 SPECTRA = ("rope", "rfa")
@@ -40,35 +41,73 @@ ROPE_SCALINGS = ("linear", "dynamic", "yarn", "llama3", "longrope")
 LENGTH_DEPENDENT_SCALINGS = ("dynamic", "longrope")
 
 
-@dataclass
-class PositionalSettings:
-    """The options of every positional encoding, named as in the model configs."""
+def _option(default: Any, doc: str) -> Any:
+    return field(default=default, metadata={"doc": doc})
 
-    position_encoding: str = "nope"
-    rope_theta: float = 10000.0
-    partial_rotary_factor: float = 1.0
+
+@dataclass(frozen=True)
+class PositionalSettings:
+    """The options of every positional encoding, under the names of the model configs' fields.
+
+    This is the one declaration of those fields: the configs take each as a keyword argument with this default, and
+    their signatures and documentation are derived from here (``doc`` of each field). A settings object is checked
+    when it is made, so a layer never receives one that cannot work.
+    """
+
+    position_encoding: str = _option(
+        "nope", 'The positional layer: `"nope"`, `"rope"`, `"rove"` (RoPE on queries and keys, and Rotary Value '
+        'Embeddings on the values) or `"selective_rope"` (input-dependent rotations).')
+    rope_theta: float = _option(10000.0, "Base of the RoPE and RoVE frequencies `base^(-2i/D)`.")
+    partial_rotary_factor: float = _option(
+        1.0, "Fraction of each query and key head's features that RoPE and RoVE rotate, in (0, 1].")
     # transformers' RoPE scaling (`rope_type` and its keys); its original length defaults to max_position_embeddings
-    rope_parameters: dict | None = None
-    max_position_embeddings: int = 2048
+    rope_parameters: dict | None = _option(  # noqa: RUF009 (the default is None; the call attaches the doc)
+        None, 'transformers\' RoPE scaling of RoPE and RoVE: `rope_type` (`"default"`, `"linear"`, `"dynamic"`, '
+        '`"yarn"`, `"llama3"` or `"longrope"`) and that type\'s keys (`factor`, ...), e.g. `{"rope_type": "yarn", '
+        '"factor": 4.0}`, computed by transformers\' own functions; the deprecated `rope_scaling` reads into it. '
+        "Settable at load time without retraining (`from_pretrained(path, rope_parameters=...)`). YaRN's attention "
+        "factor applies to softmax mixers' logits only. Not for Selective RoPE (docs/design.md §3.5).")
+    max_position_embeddings: int = _option(
+        2048, "The context length the model is trained at. No positional option limits the length; the evaluation "
+        "of length extrapolation reads it as the training length, and a RoPE scaling as its original length unless "
+        "`rope_parameters` names `original_max_position_embeddings`.")
     # Selective RoPE (Movahedi et al., "Selective Rotary Position Embedding", ICLR 2026; docs/design.md §3.4)
-    selective_rope_rank: int | None = 32  # None: a per-head weight-normalised full-rank angle projection
-    # With rank None: one gain per head (the reference code's ChunkedLinear) instead of one per head and output pair
-    selective_rope_gain_per_head: bool = False
-    selective_rope_conv_size: int = 4
-    selective_rope_activation: str | None = "silu"
-    selective_rope_bias: bool = False  # omega += exp(b)
-    selective_rope_phase_gate: bool = False  # omega *= sigmoid(W_p xh + c), one gate per head
-    selective_rope_temperature_base: float = 500000.0
-    selective_rope_tau_max: float = 1.0
-    # "rope": tau_max * base^(-2i/K); "rfa": tau_max * tan(a_i / 2) / max_i tan(a_i / 2), a_i = i * rfa_theta * pi /
-    # (K/2 - 1), the reference code's random-feature-attention profile
-    selective_rope_spectrum: str = "rope"
-    selective_rope_rfa_theta: float = 0.9999
-    selective_rope_learn_temperature: bool = False
-    # The reference code's `skip_conv`: a fixed first difference replaces the learned convolution, so the angle
-    # theta_t is phi_t itself rather than a running sum of learned velocities.
-    selective_rope_skip_conv: bool = False
-    selective_rope_decay: bool | None = None  # None: on exactly when the mixer has no decay of its own
+    selective_rope_rank: int | None = _option(
+        32, "Rank of Selective RoPE's angle projection `W_2 W_1`. `None`: a full-rank projection per head, with "
+        "weight normalisation.")
+    selective_rope_gain_per_head: bool = _option(
+        False, "With `selective_rope_rank=None`: one gain per head for the weight-normalised map (the reference "
+        "code's full-rank parametrisation) instead of one per head and output pair.")
+    selective_rope_conv_size: int = _option(
+        4, "Kernel size of the causal depthwise convolution over the projected angles.")
+    selective_rope_activation: str | None = _option(
+        "silu", 'Activation after that convolution: `"silu"` or `None`.')
+    selective_rope_bias: bool = _option(
+        False, "Whether the angular velocities get a learned offset, `omega + exp(b)`.")
+    selective_rope_phase_gate: bool = _option(
+        False, "Whether the angular velocities are gated per head, `omega * sigmoid(W_p xh + c)`, where `xh` is the "
+        "input split into one chunk per head, each L2-normalised.")
+    selective_rope_temperature_base: float = _option(
+        500000.0, 'Base of the `"rope"` temperature spectrum `tau_i = tau_max * base^(-2i/K)`.')
+    selective_rope_tau_max: float = _option(1.0, "The largest temperature, `tau_max`.")
+    selective_rope_spectrum: str = _option(
+        "rope", 'The temperatures: `"rope"` (geometric, as RoPE\'s frequencies) or `"rfa"` (the reference code\'s '
+        "random-feature profile `tau_max * tan(a_i / 2) / max_i tan(a_i / 2)`, `a_i` evenly spaced from 0 to "
+        "`selective_rope_rfa_theta * pi` over the key pairs).")
+    selective_rope_rfa_theta: float = _option(
+        0.9999, 'Where the `"rfa"` profile ends, as a fraction of pi, in (0, 1).')
+    selective_rope_learn_temperature: bool = _option(
+        False, "Whether the temperatures are trained rather than frozen.")
+    selective_rope_skip_conv: bool = _option(
+        False, "Whether a fixed first difference replaces the learned convolution (the reference code's "
+        "`skip_conv`): the angle is then the projection `phi_t` itself instead of a running sum of learned "
+        "velocities.")
+    selective_rope_decay: bool | None = _option(
+        None, "Whether Selective RoPE adds a per-head decay `logsigmoid(w^T x + b)`. `None`: exactly for the mixers "
+        "without a decay of their own (Transformer, plain DeltaNet); `True` is refused for the others.")
+
+    def __post_init__(self) -> None:
+        self.validate()
 
     @classmethod
     def from_dict(cls, values: dict) -> PositionalSettings:
@@ -157,15 +196,16 @@ class PositionalSettings:
 
 
 @dataclass
-class HeadDims:
-    """The mixer's shapes the positional layer needs."""
+class MixerSpec:
+    """What the positional layer needs to know of the mixer it serves: its sizes, whether it decays its state or
+    scores on its own (Selective RoPE adds a decay only where it does not), and how its kernel reads q and k."""
 
     hidden_size: int
     num_heads: int  # query heads
     num_kv_heads: int
     head_k_dim: int
     head_v_dim: int
-    mixer_has_decay: bool
+    has_decay: bool
     # The mixer's kernel reads each head's tokens as one [T, D] matrix (blockwise attention, SDPA): rotated q and k
     # are then written head-major ([B, H, T, D] in memory, handed over as [B, T, H, D] views), which spares the
     # kernel a copy of each. The chunked linear kernels relayout into chunks anyway and gain nothing from it.
@@ -175,8 +215,8 @@ class HeadDims:
 
 
 @dataclass
-class Encoded:
-    """What the positional layer hands back to the mixer."""
+class PositionalOutput:
+    """What the positional layer hands back to the mixer: the rotated q, k, v, the decay it adds, its new state."""
 
     q: torch.Tensor
     k: torch.Tensor
@@ -254,12 +294,12 @@ class PositionalEncoding(nn.Module):
         super().__init_subclass__(**kwargs)
         PositionalEncoding.registry[cls.kind] = cls
 
-    def __init__(self, settings: PositionalSettings, dims: HeadDims):
+    def __init__(self, settings: PositionalSettings, mixer_spec: MixerSpec):
         super().__init__()
-        self.settings, self.dims = settings, dims
-        if dims.num_heads % dims.num_kv_heads:
-            raise ValueError(
-                f"`num_heads` ({dims.num_heads}) must be a multiple of `num_kv_heads` ({dims.num_kv_heads})")
+        self.settings, self.mixer_spec = settings, mixer_spec
+        if mixer_spec.num_heads % mixer_spec.num_kv_heads:
+            raise ValueError(f"`num_heads` ({mixer_spec.num_heads}) must be a multiple of `num_kv_heads` "
+                             f"({mixer_spec.num_kv_heads})")
 
     @property
     def adds_decay(self) -> bool:
@@ -271,22 +311,21 @@ class PositionalEncoding(nn.Module):
         return 0
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, x: torch.Tensor, seq: SequenceInfo,
-                state: dict | None) -> Encoded:
+                state: dict | None) -> PositionalOutput:
         """q ``[B, T, H, K]``, k ``[B, T, H_kv, K]``, v ``[B, T, H_kv, V]``, x the layer input ``[B, T, d]``."""
         raise NotImplementedError
 
 
-def build_positional(settings: PositionalSettings, dims: HeadDims) -> PositionalEncoding:
-    settings.validate()
-    return PositionalEncoding.registry[settings.position_encoding](settings, dims)
+def build_positional(settings: PositionalSettings, mixer_spec: MixerSpec) -> PositionalEncoding:
+    return PositionalEncoding.registry[settings.position_encoding](settings, mixer_spec)
 
 
 class NoPE(PositionalEncoding):
     kind = "nope"
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, x: torch.Tensor, seq: SequenceInfo,
-                state: dict | None) -> Encoded:
-        return Encoded(q, k, v, None, {})
+                state: dict | None) -> PositionalOutput:
+        return PositionalOutput(q, k, v, None, {})
 
 
 class RoPE(PositionalEncoding):
@@ -294,12 +333,12 @@ class RoPE(PositionalEncoding):
 
     kind = "rope"
 
-    def __init__(self, settings: PositionalSettings, dims: HeadDims):
-        super().__init__(settings, dims)
-        rotary_dim = int(dims.head_k_dim * settings.partial_rotary_factor)
+    def __init__(self, settings: PositionalSettings, mixer_spec: MixerSpec):
+        super().__init__(settings, mixer_spec)
+        rotary_dim = int(mixer_spec.head_k_dim * settings.partial_rotary_factor)
         if rotary_dim < 2 or rotary_dim % 2:
             raise ValueError(
-                f"the rotary dimension int(head_k_dim * partial_rotary_factor) = int({dims.head_k_dim} * "
+                f"the rotary dimension int(head_k_dim * partial_rotary_factor) = int({mixer_spec.head_k_dim} * "
                 f"{settings.partial_rotary_factor}) = {rotary_dim} must be even and >= 2; choose a head size or "
                 "`partial_rotary_factor` that makes it even"
             )
@@ -310,7 +349,7 @@ class RoPE(PositionalEncoding):
         if self._scaling is not None:
             # computed once here, so that a missing key fails at construction; no factor depends on the length
             _, factor = scaled_rope(self._scaling, rotary_dim, settings.max_position_embeddings)
-            self._attention_factor = factor if dims.softmax else 1.0
+            self._attention_factor = factor if mixer_spec.softmax else 1.0
 
     @property
     def rotary_dim(self) -> int:
@@ -353,11 +392,11 @@ class RoPE(PositionalEncoding):
                                       torch.device(device))
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, x: torch.Tensor, seq: SequenceInfo,
-                state: dict | None) -> Encoded:
+                state: dict | None) -> PositionalOutput:
         positions, new_state = self.positions(seq, state)
         angles = positions * self.frequencies(self._rotary_dim, q.device, self.scaling_length(positions))
-        q, k = rotate_half_pairs(angles, q, k, heads_major=self.dims.heads_major, scale=self._attention_factor)
-        return Encoded(q, k, v, None, new_state)
+        q, k = rotate_half_pairs(angles, q, k, heads_major=self.mixer_spec.heads_major, scale=self._attention_factor)
+        return PositionalOutput(q, k, v, None, new_state)
 
 
 class RoVE(RoPE):
@@ -368,29 +407,30 @@ class RoVE(RoPE):
 
     kind = "rove"
 
-    def __init__(self, settings: PositionalSettings, dims: HeadDims):
-        super().__init__(settings, dims)
-        if dims.head_v_dim % 2:
-            raise ValueError(f"RoVE rotates value pairs: the value head size must be even, got {dims.head_v_dim}")
+    def __init__(self, settings: PositionalSettings, mixer_spec: MixerSpec):
+        super().__init__(settings, mixer_spec)
+        if mixer_spec.head_v_dim % 2:
+            raise ValueError(f"RoVE rotates value pairs: the value head size must be even, got {mixer_spec.head_v_dim}")
         scaling = self._scaling
-        if scaling is not None and scaling["rope_type"] == "longrope" and dims.head_v_dim != self._rotary_dim:
+        if scaling is not None and scaling["rope_type"] == "longrope" and mixer_spec.head_v_dim != self._rotary_dim:
             raise ValueError(
                 "`rope_parameters` of rope_type \"longrope\" lists one factor per rotated key pair "
-                f"({self._rotary_dim // 2}); RoVE would need as many for its {dims.head_v_dim // 2} value pairs: use "
-                "a value head size equal to the rotary size, or another rope_type (\"yarn\", \"linear\", ...)")
+                f"({self._rotary_dim // 2}); RoVE would need as many for its {mixer_spec.head_v_dim // 2} value "
+                "pairs: use a value head size equal to the rotary size, or another rope_type (\"yarn\", \"linear\", "
+                "...)")
         if scaling is not None:
-            scaled_rope(scaling, dims.head_v_dim, settings.max_position_embeddings)
+            scaled_rope(scaling, mixer_spec.head_v_dim, settings.max_position_embeddings)
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, x: torch.Tensor, seq: SequenceInfo,
-                state: dict | None) -> Encoded:
+                state: dict | None) -> PositionalOutput:
         positions, new_state = self.positions(seq, state)
         seq_len = self.scaling_length(positions)
         qk_angles = positions * self.frequencies(self._rotary_dim, q.device, seq_len)
         # unit rotations with the scaled frequencies: the attention factor belongs to the logits alone (§3.5)
-        v_angles = positions * self.frequencies(self.dims.head_v_dim, q.device, seq_len)
+        v_angles = positions * self.frequencies(self.mixer_spec.head_v_dim, q.device, seq_len)
         v_rotation = torch.complex(v_angles.cos(), v_angles.sin())  # torch.polar's CPU kernel is slower
-        q, k = rotate_half_pairs(qk_angles, q, k, heads_major=self.dims.heads_major, scale=self._attention_factor)
-        return Encoded(q, k, rotate_adjacent_pairs(v, v_rotation), None, new_state, value_rotation=v_rotation)
+        q, k = rotate_half_pairs(qk_angles, q, k, heads_major=self.mixer_spec.heads_major, scale=self._attention_factor)
+        return PositionalOutput(q, k, rotate_adjacent_pairs(v, v_rotation), None, new_state, value_rotation=v_rotation)
 
 
 class SelectiveRoPE(PositionalEncoding):
@@ -404,27 +444,28 @@ class SelectiveRoPE(PositionalEncoding):
 
     kind = "selective_rope"
 
-    def __init__(self, settings: PositionalSettings, dims: HeadDims):
-        super().__init__(settings, dims)
-        if dims.head_k_dim % 2:
-            raise ValueError(f"Selective RoPE rotates key pairs: the key head size must be even, got {dims.head_k_dim}")
-        if dims.hidden_size % dims.num_kv_heads:
+    def __init__(self, settings: PositionalSettings, mixer_spec: MixerSpec):
+        super().__init__(settings, mixer_spec)
+        if mixer_spec.head_k_dim % 2:
+            raise ValueError("Selective RoPE rotates key pairs: the key head size must be even, got "
+                             f"{mixer_spec.head_k_dim}")
+        if mixer_spec.hidden_size % mixer_spec.num_kv_heads:
             raise ValueError(
-                f"Selective RoPE splits the input into one chunk per key head: `hidden_size` ({dims.hidden_size}) "
-                f"must be divisible by the number of key heads ({dims.num_kv_heads})")
-        if settings.selective_rope_decay and dims.mixer_has_decay:
+                "Selective RoPE splits the input into one chunk per key head: `hidden_size` "
+                f"({mixer_spec.hidden_size}) must be divisible by the number of key heads ({mixer_spec.num_kv_heads})")
+        if settings.selective_rope_decay and mixer_spec.has_decay:
             raise ValueError(
                 "`selective_rope_decay=True` adds a decay to mixers that have none (Transformer, plain DeltaNet); "
                 "this mixer brings its own decay: leave it None or False")
-        self.heads, self.pairs = dims.num_kv_heads, dims.head_k_dim // 2
+        self.heads, self.pairs = mixer_spec.num_kv_heads, mixer_spec.head_k_dim // 2
         if settings.selective_rope_spectrum == "rfa" and self.pairs < 2:
             raise ValueError("`selective_rope_spectrum=\"rfa\"` spreads the temperatures over the key pairs from 0 up: "
-                             f"it needs a key head size of at least 4, got {dims.head_k_dim}")
-        self.group = dims.num_heads // dims.num_kv_heads
-        self.chunk = dims.hidden_size // self.heads
+                             f"it needs a key head size of at least 4, got {mixer_spec.head_k_dim}")
+        self.group = mixer_spec.num_heads // mixer_spec.num_kv_heads
+        self.chunk = mixer_spec.hidden_size // self.heads
         rank, channels = settings.selective_rope_rank, self.heads * self.pairs
         if rank is not None:
-            self.phi_down = nn.Linear(dims.hidden_size, rank, bias=False)
+            self.phi_down = nn.Linear(mixer_spec.hidden_size, rank, bias=False)
             self.phi_up = nn.Linear(rank, channels, bias=False)
         else:
             # weight normalisation by hand: a direction per output row and its gain
@@ -443,16 +484,16 @@ class SelectiveRoPE(PositionalEncoding):
         if settings.selective_rope_bias:
             self.omega_bias = nn.Parameter(torch.zeros(channels))
         if settings.selective_rope_phase_gate:
-            self.phase_proj = nn.Linear(dims.hidden_size, self.heads, bias=True)
-        tau = self._temperature(settings, dims.head_k_dim)
+            self.phase_proj = nn.Linear(mixer_spec.hidden_size, self.heads, bias=True)
+        tau = self._temperature(settings, mixer_spec.head_k_dim)
         if settings.selective_rope_learn_temperature:
             self.tau = nn.Parameter(tau)
         else:
             self.register_buffer("tau", tau)  # persistent: a checkpoint keeps the temperatures it was trained with
         self._adds_decay = (settings.selective_rope_decay if settings.selective_rope_decay is not None
-                            else not dims.mixer_has_decay)
+                            else not mixer_spec.has_decay)
         if self._adds_decay:
-            self.decay_proj = nn.Linear(dims.hidden_size, dims.num_heads, bias=True)
+            self.decay_proj = nn.Linear(mixer_spec.hidden_size, mixer_spec.num_heads, bias=True)
             self.reset_decay()
 
     def _gain_shape(self) -> tuple[int, int]:
@@ -477,10 +518,10 @@ class SelectiveRoPE(PositionalEncoding):
 
     def special_init(self) -> dict[str, torch.Tensor]:
         """Initial values that differ from the generic initialisation of their module type (see the models)."""
-        values = {"tau": self._temperature(self.settings, self.dims.head_k_dim)}
+        values = {"tau": self._temperature(self.settings, self.mixer_spec.head_k_dim)}
         if self._adds_decay:
             # per-head half-lives spread geometrically over 8..4096 tokens
-            half_lives = torch.logspace(math.log10(8), math.log10(4096), self.dims.num_heads, dtype=torch.float64)
+            half_lives = torch.logspace(math.log10(8), math.log10(4096), self.mixer_spec.num_heads, dtype=torch.float64)
             keep = torch.exp(-math.log(2) / half_lives)
             values["decay_proj.bias"] = torch.log(keep / (1 - keep)).float()
         if self.settings.selective_rope_rank is None:
@@ -529,7 +570,7 @@ class SelectiveRoPE(PositionalEncoding):
         return seq.zero_padding(omega), log_decay, conv_state
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, x: torch.Tensor, seq: SequenceInfo,
-                state: dict | None) -> Encoded:
+                state: dict | None) -> PositionalOutput:
         state = state or {}
         omega, log_decay, conv_state = self.angle_rates(x, seq, state.get("conv"))
         theta = segment_cumsum(omega, seq.cu_seqlens)
@@ -537,10 +578,14 @@ class SelectiveRoPE(PositionalEncoding):
             theta = theta + state["theta"][:, None]
         angles = theta * self.tau.float()
         new_state = {"theta": theta[:, -1], "conv": conv_state}
-        heads_major = self.dims.heads_major
+        heads_major = self.mixer_spec.heads_major
         if self.group == 1:
             q, k = rotate_half_pairs(angles, q, k, heads_major=heads_major)
         else:  # query heads of a group share their key head's angles
             (q,) = rotate_half_pairs(angles.repeat_interleave(self.group, 2), q, heads_major=heads_major)
             (k,) = rotate_half_pairs(angles, k, heads_major=heads_major)
-        return Encoded(q, k, v, log_decay, new_state)
+        return PositionalOutput(q, k, v, log_decay, new_state)
+
+
+# earlier names, kept with a warning (docs/design.md §6 lists the renames)
+__getattr__ = renamed_module_attributes(__name__, {"HeadDims": "MixerSpec", "Encoded": "PositionalOutput"}, globals())

@@ -9,7 +9,10 @@ from __future__ import annotations
 
 import difflib
 import inspect
+import json
+import textwrap
 from collections.abc import Collection, Iterable, Mapping
+from dataclasses import fields
 from functools import cache
 from typing import Any, ClassVar
 
@@ -18,10 +21,10 @@ from transformers import PretrainedConfig
 
 from rotarium.layers import PositionalSettings, build_mixer
 from rotarium.layers.mlp import default_intermediate_size
+from rotarium.utils.deprecation import renamed_method, warn_renamed
 
-# The positional layer's settings define the defaults of the positional fields, so the two never disagree.
-POSITIONAL_DEFAULTS = PositionalSettings()
-POSITIONAL_FIELDS = tuple(POSITIONAL_DEFAULTS.to_dict())
+# The positional layer's fields, declared once by its settings (their names, types, defaults and documentation)
+POSITIONAL_FIELDS = tuple(f.name for f in fields(PositionalSettings))
 # What every preset shares: untied embeddings, the Llama-2 / Mistral vocabulary, 24 layers.
 PRESET_BASE: dict[str, Any] = {"vocab_size": 32000, "num_hidden_layers": 24, "tie_word_embeddings": False}
 # What GPT-2-shaped presets share over the base: GPT-2's vocabulary and context, tied embeddings.
@@ -34,6 +37,10 @@ def transformers_config_keys() -> frozenset[str]:
     """The keys every transformers config has (``dtype``, ``architectures``, ...), which a config keeps but which are
     not rotarium fields."""
     return frozenset(PretrainedConfig().to_dict())
+
+
+# Where RotariumConfig's docstring lists the positional fields, filled from their declaration below the class
+POSITIONAL_DOCS_PLACEHOLDER = "        {positional fields}\n"
 
 
 class RotariumConfig(PretrainedConfig):
@@ -63,10 +70,6 @@ class RotariumConfig(PretrainedConfig):
             residual stream start `sqrt(2 * num_hidden_layers)` times smaller.
         tie_word_embeddings (`bool`, *optional*, defaults to `False`):
             Whether the LM head shares the embedding's weights.
-        max_position_embeddings (`int`, *optional*, defaults to 2048):
-            The context length the model is trained at. No positional option limits the length; the evaluation of
-            length extrapolation reads it as the training length, and a RoPE scaling as its original length unless
-            `rope_parameters` names `original_max_position_embeddings`.
         use_cache (`bool`, *optional*, defaults to `True`):
             Whether `forward` returns a `RotariumCache` when not told otherwise (never in training or on packed
             inputs).
@@ -76,53 +79,7 @@ class RotariumConfig(PretrainedConfig):
             Id of the beginning-of-sequence token.
         eos_token_id (`int`, *optional*, defaults to 2):
             Id of the end-of-sequence token.
-        position_encoding (`str`, *optional*, defaults to `"nope"`):
-            The positional layer: `"nope"`, `"rope"`, `"rove"` (RoPE on queries and keys, and Rotary Value
-            Embeddings on the values) or `"selective_rope"` (input-dependent rotations).
-        rope_theta (`float`, *optional*, defaults to 10000.0):
-            Base of the RoPE and RoVE frequencies `base^(-2i/D)`.
-        partial_rotary_factor (`float`, *optional*, defaults to 1.0):
-            Fraction of each query and key head's features that RoPE and RoVE rotate, in (0, 1].
-        rope_parameters (`dict`, *optional*):
-            transformers' RoPE scaling of RoPE and RoVE: `rope_type` (`"default"`, `"linear"`, `"dynamic"`,
-            `"yarn"`, `"llama3"` or `"longrope"`) and that type's keys (`factor`, ...), e.g.
-            `{"rope_type": "yarn", "factor": 4.0}`, computed by transformers' own functions; the deprecated
-            `rope_scaling` reads into it. Settable at load time without retraining
-            (`from_pretrained(path, rope_parameters=...)`). YaRN's attention factor applies to softmax mixers'
-            logits only. Not for Selective RoPE (docs/design.md §3.5).
-        selective_rope_rank (`int`, *optional*, defaults to 32):
-            Rank of Selective RoPE's angle projection `W_2 W_1`. `None`: a full-rank projection per head, with
-            weight normalisation.
-        selective_rope_gain_per_head (`bool`, *optional*, defaults to `False`):
-            With `selective_rope_rank=None`: one gain per head for the weight-normalised map (the reference code's
-            full-rank parametrisation) instead of one per head and output pair.
-        selective_rope_conv_size (`int`, *optional*, defaults to 4):
-            Kernel size of the causal depthwise convolution over the projected angles.
-        selective_rope_activation (`str`, *optional*, defaults to `"silu"`):
-            Activation after that convolution: `"silu"` or `None`.
-        selective_rope_bias (`bool`, *optional*, defaults to `False`):
-            Whether the angular velocities get a learned offset, `omega + exp(b)`.
-        selective_rope_phase_gate (`bool`, *optional*, defaults to `False`):
-            Whether the angular velocities are gated per head, `omega * sigmoid(W_p xh + c)`, where `xh` is the
-            input split into one chunk per head, each L2-normalised.
-        selective_rope_temperature_base (`float`, *optional*, defaults to 500000.0):
-            Base of the `"rope"` temperature spectrum `tau_i = tau_max * base^(-2i/K)`.
-        selective_rope_tau_max (`float`, *optional*, defaults to 1.0):
-            The largest temperature, `tau_max`.
-        selective_rope_spectrum (`str`, *optional*, defaults to `"rope"`):
-            The temperatures: `"rope"` (geometric, as RoPE's frequencies) or `"rfa"` (the reference code's
-            random-feature profile `tau_max * tan(a_i / 2) / max_i tan(a_i / 2)`, `a_i` evenly spaced from 0 to
-            `selective_rope_rfa_theta * pi` over the key pairs).
-        selective_rope_rfa_theta (`float`, *optional*, defaults to 0.9999):
-            Where the `"rfa"` profile ends, as a fraction of pi, in (0, 1).
-        selective_rope_learn_temperature (`bool`, *optional*, defaults to `False`):
-            Whether the temperatures are trained rather than frozen.
-        selective_rope_skip_conv (`bool`, *optional*, defaults to `False`):
-            Whether a fixed first difference replaces the learned convolution (the reference code's `skip_conv`):
-            the angle is then the projection `phi_t` itself instead of a running sum of learned velocities.
-        selective_rope_decay (`bool`, *optional*):
-            Whether Selective RoPE adds a per-head decay `logsigmoid(w^T x + b)`. `None`: exactly for the mixers
-            without a decay of their own (Transformer, plain DeltaNet); `True` is refused for the others.
+        {positional fields}
         kwargs:
             The family's fields, then transformers' own (`architectures`, `auto_map`, ...).
     """
@@ -145,28 +102,10 @@ class RotariumConfig(PretrainedConfig):
         norm_eps: float = 1e-6,
         initializer_range: float = 0.02,
         tie_word_embeddings: bool = False,
-        max_position_embeddings: int = POSITIONAL_DEFAULTS.max_position_embeddings,
         use_cache: bool = True,
         pad_token_id: int | None = None,
         bos_token_id: int | None = 1,
         eos_token_id: int | None = 2,
-        position_encoding: str = POSITIONAL_DEFAULTS.position_encoding,
-        rope_theta: float = POSITIONAL_DEFAULTS.rope_theta,
-        partial_rotary_factor: float = POSITIONAL_DEFAULTS.partial_rotary_factor,
-        rope_parameters: dict | None = POSITIONAL_DEFAULTS.rope_parameters,
-        selective_rope_rank: int | None = POSITIONAL_DEFAULTS.selective_rope_rank,
-        selective_rope_gain_per_head: bool = POSITIONAL_DEFAULTS.selective_rope_gain_per_head,
-        selective_rope_conv_size: int = POSITIONAL_DEFAULTS.selective_rope_conv_size,
-        selective_rope_activation: str | None = POSITIONAL_DEFAULTS.selective_rope_activation,
-        selective_rope_bias: bool = POSITIONAL_DEFAULTS.selective_rope_bias,
-        selective_rope_phase_gate: bool = POSITIONAL_DEFAULTS.selective_rope_phase_gate,
-        selective_rope_temperature_base: float = POSITIONAL_DEFAULTS.selective_rope_temperature_base,
-        selective_rope_tau_max: float = POSITIONAL_DEFAULTS.selective_rope_tau_max,
-        selective_rope_spectrum: str = POSITIONAL_DEFAULTS.selective_rope_spectrum,
-        selective_rope_rfa_theta: float = POSITIONAL_DEFAULTS.selective_rope_rfa_theta,
-        selective_rope_learn_temperature: bool = POSITIONAL_DEFAULTS.selective_rope_learn_temperature,
-        selective_rope_skip_conv: bool = POSITIONAL_DEFAULTS.selective_rope_skip_conv,
-        selective_rope_decay: bool | None = POSITIONAL_DEFAULTS.selective_rope_decay,
         **kwargs,
     ):
         if not hasattr(type(self), "family"):
@@ -180,30 +119,18 @@ class RotariumConfig(PretrainedConfig):
         self.intermediate_size = intermediate_size or default_intermediate_size(hidden_size)
         self.norm_eps = norm_eps
         self.initializer_range = initializer_range
-        self.max_position_embeddings = max_position_embeddings
         self.use_cache = use_cache
-        self.position_encoding = position_encoding
-        self.rope_theta = rope_theta
-        self.partial_rotary_factor = partial_rotary_factor
+        positional = {f.name: kwargs.pop(f.name, f.default) for f in fields(PositionalSettings)}
+        rope_parameters = positional.pop("rope_parameters")
+        for name, value in positional.items():
+            setattr(self, name, value)
         # Before transformers' init, which reads the deprecated `rope_scaling` into it and standardises it in place.
         # An option that does not rotate by position and has none gets none: transformers would give it a default
         # one and then check it (refusing an odd head size, which those options allow).
-        rotates = position_encoding in ("rope", "rove") or rope_parameters is not None or "rope_scaling" in kwargs
+        rotates = (self.position_encoding in ("rope", "rove") or rope_parameters is not None
+                   or "rope_scaling" in kwargs)
         if rotates:
             self.rope_parameters = None if rope_parameters is None else dict(rope_parameters)
-        self.selective_rope_rank = selective_rope_rank
-        self.selective_rope_gain_per_head = selective_rope_gain_per_head
-        self.selective_rope_conv_size = selective_rope_conv_size
-        self.selective_rope_activation = selective_rope_activation
-        self.selective_rope_bias = selective_rope_bias
-        self.selective_rope_phase_gate = selective_rope_phase_gate
-        self.selective_rope_temperature_base = selective_rope_temperature_base
-        self.selective_rope_tau_max = selective_rope_tau_max
-        self.selective_rope_spectrum = selective_rope_spectrum
-        self.selective_rope_rfa_theta = selective_rope_rfa_theta
-        self.selective_rope_learn_temperature = selective_rope_learn_temperature
-        self.selective_rope_skip_conv = selective_rope_skip_conv
-        self.selective_rope_decay = selective_rope_decay
         try:
             super().__init__(pad_token_id=pad_token_id, bos_token_id=bos_token_id, eos_token_id=eos_token_id,
                              tie_word_embeddings=tie_word_embeddings, **kwargs)
@@ -213,7 +140,7 @@ class RotariumConfig(PretrainedConfig):
             raise ValueError(str(error.__cause__)) from error  # a bad config is a ValueError here, as everywhere
         if not rotates:
             self.rope_parameters = None
-        self.check()
+        self.validate_fields()
 
     @classmethod
     def from_preset(cls, name: str, **overrides: Any) -> RotariumConfig:
@@ -226,11 +153,11 @@ class RotariumConfig(PretrainedConfig):
         if cls is not RotariumConfig and owner is not cls:
             raise ValueError(f"preset {name!r} is a {owner.family} model, not {cls.family}; use {owner.__name__}")
         # a mistyped override would otherwise be kept as an unused attribute and the preset's value used in silence
-        owner.check_field_names(overrides, kind="override", transformers_keywords_too=True)
+        owner.validate_field_names(overrides, kind="override", transformers_keywords_too=True)
         return owner(**{**PRESET_BASE, **owner.presets[name], **overrides})
 
     @classmethod
-    def check_field_names(cls, keys: Iterable[str], *, kind: str = "field", prefix: str = "",
+    def validate_field_names(cls, keys: Iterable[str], *, kind: str = "field", prefix: str = "",
                           transformers_keywords_too: bool = False, unlisted: Collection[str] = ()) -> None:
         """Raises ``ValueError`` for the first of ``keys`` that is not a field of this class (nor, with
         ``transformers_keywords_too``, one of ``PretrainedConfig``'s own keys such as ``dtype``), naming the closest
@@ -247,15 +174,15 @@ class RotariumConfig(PretrainedConfig):
                              f"the options are {', '.join(ordered)}")
 
     @classmethod
-    def check_options(cls, options: Iterable[str], *, prefix: str, set_elsewhere: Mapping[str, str]) -> None:
+    def validate_options(cls, options: Iterable[str], *, prefix: str, set_elsewhere: Mapping[str, str]) -> None:
         """The check of a command's model options (``rotarium train``'s ``model.options``, ``rotarium synthetic``'s
-        ``--option``): each is a field (:meth:`check_field_names`) and none is one the command sets itself
+        ``--option``): each is a field (:meth:`validate_field_names`) and none is one the command sets itself
         (``set_elsewhere`` maps those fields to the setting that sets them), so that a mistyped option stops the
         command instead of being ignored and recorded as if it had been used."""
         for key in options:
             if key in set_elsewhere:
                 raise ValueError(f"`{prefix}{key}` is set by {set_elsewhere[key]}, not as an option")
-        cls.check_field_names(options, kind="model option", prefix=prefix, unlisted=set_elsewhere)
+        cls.validate_field_names(options, kind="model option", prefix=prefix, unlisted=set_elsewhere)
 
     @classmethod
     def field_names(cls) -> list[str]:
@@ -264,11 +191,12 @@ class RotariumConfig(PretrainedConfig):
         ``PretrainedConfig``, which keeps any keyword, so that ``from_pretrained`` reads every saved config."""
         names = [name for klass in cls.__mro__[:cls.__mro__.index(RotariumConfig) + 1] if "__init__" in vars(klass)
                  for name, parameter in inspect.signature(klass.__init__).parameters.items()
-                 if name != "self" and parameter.kind is parameter.POSITIONAL_OR_KEYWORD]
+                 if name != "self" and parameter.kind in (parameter.POSITIONAL_OR_KEYWORD, parameter.KEYWORD_ONLY)]
         return list(dict.fromkeys(names))
 
     @property
     def positional_settings(self) -> PositionalSettings:
+        """The positional fields as the layer's settings, which check them when made."""
         return PositionalSettings.from_dict({name: getattr(self, name) for name in POSITIONAL_FIELDS})
 
     def mixer_kwargs(self) -> dict[str, Any]:
@@ -276,7 +204,15 @@ class RotariumConfig(PretrainedConfig):
                 "positional": self.positional_settings,
                 **{name: getattr(self, name) for name in self.mixer_fields}}
 
+    # earlier names, kept with a warning (docs/design.md §6 lists the renames)
+    check_field_names = classmethod(renamed_method("check_field_names", validate_field_names.__func__))
+    check_options = classmethod(renamed_method("check_options", validate_options.__func__))
+
     def check(self) -> None:
+        warn_renamed("check", "validate_fields")
+        self.validate_fields()
+
+    def validate_fields(self) -> None:
         """Raises ``ValueError`` naming the first field that cannot work."""
         for name in ("vocab_size", "hidden_size", "num_hidden_layers", "num_heads", "intermediate_size"):
             value = getattr(self, name)
@@ -284,11 +220,34 @@ class RotariumConfig(PretrainedConfig):
                 raise ValueError(f"`{name}` must be a positive integer, got {value!r}")
         if not 0 < self.initializer_range < 1:
             raise ValueError(f"`initializer_range` must be in (0, 1), got {self.initializer_range!r}")
-        settings = self.positional_settings
-        settings.validate()
-        # Building the mixer on the meta device runs every shape check of the layers without allocating anything.
+        # Building the mixer on the meta device runs every shape check of the layers (the positional settings' among
+        # them) without allocating anything.
         with torch.device("meta"):
             build_mixer(self.family, **self.mixer_kwargs())
+
+
+def _declare_positional_fields(config_class: type[RotariumConfig]) -> None:
+    """Lists the positional layer's fields, as :class:`PositionalSettings` declares them, in ``config_class``'s
+    ``__init__`` signature (keyword-only, with their types and defaults, for ``help()``, ``inspect`` and
+    :meth:`RotariumConfig.field_names`) and in its docstring's arguments, in transformers' format."""
+    init = config_class.__init__
+    signature = inspect.signature(init)
+    *explicit, var_keyword = signature.parameters.values()
+    declared = [inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, default=f.default, annotation=f.type)
+                for f in fields(PositionalSettings)]
+    init.__signature__ = signature.replace(parameters=[*explicit, *declared, var_keyword])
+    entries = []
+    for f in fields(PositionalSettings):
+        kind = f.type.removesuffix(" | None")
+        default = "" if f.default is None else f", defaults to `{json.dumps(f.default)}`" if isinstance(
+            f.default, str) else f", defaults to `{f.default!r}`"
+        doc = textwrap.fill(f.metadata["doc"], width=116, initial_indent=" " * 12, subsequent_indent=" " * 12,
+                            break_on_hyphens=False)
+        entries.append(f"        {f.name} (`{kind}`, *optional*{default}):\n{doc}\n")
+    config_class.__doc__ = config_class.__doc__.replace(POSITIONAL_DOCS_PLACEHOLDER, "".join(entries))
+
+
+_declare_positional_fields(RotariumConfig)
 
 
 class GLAConfig(RotariumConfig):

@@ -6,6 +6,7 @@ and :data:`FAMILY_MODELS` holds each family's record, from which every list of f
 """
 from __future__ import annotations
 
+import copy
 import dataclasses
 import math
 from collections.abc import Callable
@@ -23,6 +24,7 @@ from rotarium.layers import MIXERS, Block, HeadRMSNorm, RMSNorm, SequenceInfo, S
 from rotarium.models.cache import RotariumCache, RotariumCacheLayer, rotarium_layers
 from rotarium.models.configuration import (
     CONFIGS,
+    POSITIONAL_FIELDS,
     DeltaNetConfig,
     FoXConfig,
     GLAConfig,
@@ -120,13 +122,14 @@ class RotariumModel(RotariumPreTrainedModel):
     def __init__(self, config: RotariumConfig):
         super().__init__(config)
         self.embed_tokens = built_empty(lambda: nn.Embedding(config.vocab_size, config.hidden_size))
+        mixer_kwargs = config.mixer_kwargs()  # one settings object, checked once, for every layer
         self.layers = built_empty(lambda: nn.ModuleList([
-            Block(config.hidden_size, build_mixer(config.family, **config.mixer_kwargs()), config.intermediate_size,
+            Block(config.hidden_size, build_mixer(config.family, **mixer_kwargs), config.intermediate_size,
                   config.norm_eps)
             for _ in range(config.num_hidden_layers)
         ]))
         self.norm = built_empty(lambda: RMSNorm(config.hidden_size, eps=config.norm_eps))
-        self.cache_settings = cache_settings(config)
+        self.state_settings = decoding_state_settings(config)
         self.post_init()
 
     def get_input_embeddings(self) -> nn.Embedding:
@@ -187,7 +190,7 @@ class RotariumModel(RotariumPreTrainedModel):
             use_cache = False
         layers = rotarium_layers(past, len(self.layers), argument) if past is not None else None
         if layers is not None:
-            layers[0].check_fits(self.cache_settings, B, argument)
+            layers[0].check_fits(self.state_settings, B, argument)
         if use_cache and past is None:
             past = RotariumCache(len(self.layers))
             layers = past.layers
@@ -237,7 +240,7 @@ class RotariumModel(RotariumPreTrainedModel):
             hidden_states, state, *weights = block(hidden_states, seq, state=None if layer is None else layer.state,
                                                    use_cache=use_cache, output_attentions=output_attentions)
             if use_cache:
-                layer.set_state(state, seq.seq_len, self.cache_settings, seq.batch_size)
+                layer.set_state(state, seq.seq_len, self.state_settings, seq.batch_size)
             all_attentions.extend(weights)
         return BlocksOutput(hidden_states, all_hidden, all_attentions)
 
@@ -299,12 +302,13 @@ def set_activation_checkpointing(model: PreTrainedModel, enabled: bool = True, *
     switch(**options)
 
 
-def cache_settings(config: RotariumConfig) -> dict:
+def decoding_state_settings(config: RotariumConfig) -> dict:
     """What a model's decoding states depend on: its family, depth and the mixers' options (the positional
     options among them). A :class:`RotariumCache` records them, to be refused by a model with others."""
-    kwargs = config.mixer_kwargs()
-    positional = dataclasses.asdict(kwargs.pop("positional"))
-    return {"family": config.family, "num_hidden_layers": config.num_hidden_layers, **kwargs, **positional}
+    names = ("hidden_size", "num_heads", "norm_eps", *config.mixer_fields, *POSITIONAL_FIELDS)
+    # copies, so that a config changed in place later cannot change what a cache recorded
+    return {"family": config.family, "num_hidden_layers": config.num_hidden_layers,
+            **{name: copy.deepcopy(getattr(config, name)) for name in names}}
 
 
 class RotariumForCausalLM(RotariumPreTrainedModel, GenerationMixin):

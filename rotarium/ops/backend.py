@@ -22,6 +22,8 @@ from dataclasses import dataclass
 
 import torch
 
+from rotarium.utils.deprecation import renamed_module_attributes
+
 BACKENDS = ("auto", "torch", "fla")
 ENV_VAR = "ROTARIUM_OPS_BACKEND"
 
@@ -151,7 +153,8 @@ class FlaKernel:
     """The warning of a call that would train where ``backward_refused``."""
 
     def refusal(self, q: torch.Tensor) -> str | None:
-        """Why the kernel cannot take queries like ``q`` ``[B, T, H, K]`` (their head size, their dtype), or None."""
+        """Why the kernel cannot take queries like ``q`` ``[..., K]`` (their head size, their dtype; the loss's
+        inputs ``[N, D]`` where it has no head size limit), or None."""
         if self.max_head_dim is not None:
             reason = head_dim_limit(self.label, self.max_head_dim, K=q.shape[-1])
             if reason is not None:
@@ -206,9 +209,9 @@ logger = logging.getLogger("rotarium.ops")
 _active_counters: list[Counter] = []
 
 
-def dispatch(op: str, to_fla: bool) -> bool:
+def record_backend(op: str, to_fla: bool) -> bool:
     """Records that ``op`` runs on fla (``to_fla``) or on the PyTorch path, and returns ``to_fla``; every op routes
-    through it: ``if dispatch("chunk_gla", use_fla(backend, q)): ...``."""
+    through it: ``if record_backend("chunk_gla", use_fla(backend, q)): ...``."""
     backend = "fla" if to_fla else "torch"
     for counter in _active_counters:
         counter[(op, backend)] += 1
@@ -231,3 +234,7 @@ def count_dispatches() -> Iterator[Counter]:
         yield counter
     finally:
         _active_counters.remove(counter)
+
+
+# the earlier name, kept with a warning (docs/design.md §6 lists the renames)
+__getattr__ = renamed_module_attributes(__name__, {"dispatch": "record_backend"}, globals())

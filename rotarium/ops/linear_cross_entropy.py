@@ -14,7 +14,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-from rotarium.ops.backend import dispatch, use_fla
+from rotarium.ops.backend import FLA_KERNELS, record_backend, use_fla
 
 REDUCTIONS = ("mean", "sum")
 
@@ -143,7 +143,8 @@ def fused_linear_cross_entropy_loss(
         raise ValueError(f"`logit_softcapping` must be positive or None, got {logit_softcapping}")
     if not isinstance(num_chunks, int) or num_chunks < 1:
         raise ValueError(f"`num_chunks` must be a positive int, got {num_chunks!r}")
-    if dispatch("fused_linear_cross_entropy_loss", use_fla(backend, x)):
+    kernel = FLA_KERNELS["fused_linear_cross_entropy_loss"]
+    if record_backend("fused_linear_cross_entropy_loss", use_fla(backend, x, kernel.refusal(x))):
         from fla.modules.fused_linear_cross_entropy import fused_linear_cross_entropy_loss as fla_loss
 
         return fla_loss(x, target, weight, bias=bias, ignore_index=ignore_index, label_smoothing=label_smoothing,

@@ -96,7 +96,7 @@ class RunSettings:
                      "eval_lengths", "num_pairs", "vocab_size"):
             if values[name] is None:
                 values[name] = getattr(spec, name)
-        CONFIGS[values["family"]].check_options(values["model_options"], prefix="--option ",
+        CONFIGS[values["family"]].validate_options(values["model_options"], prefix="--option ",
                                                 set_elsewhere=SET_BY_RUN)
         out = RunSettings(**values)
         for name in ("num_layers", "hidden_size", "num_heads", "steps", "batch_size", "train_length",

@@ -5,7 +5,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from rotarium.layers import HeadDims, PositionalSettings, SequenceInfo, build_mixer, build_positional
+from rotarium.layers import MixerSpec, PositionalSettings, SequenceInfo, build_mixer, build_positional
 from rotarium.ops import chunk_gla
 from rotarium.ops.cumsum import segment_cumsum
 from tests.layers.helpers import FAMILIES, HIDDEN, make_mixer, run
@@ -73,7 +73,7 @@ def test_rove_on_linear_attention_is_the_attentive_convolution():
     at its key's position and back out at the query's (Garcia-Castellanos et al., "Rotary Value Embeddings")."""
     B, H, K, V = 1, 2, 8, 6
     layer = build_positional(PositionalSettings(position_encoding="rove", rope_theta=50.0),
-                             HeadDims(HIDDEN, H, H, K, V, mixer_has_decay=True))
+                             MixerSpec(HIDDEN, H, H, K, V, has_decay=True))
     q, k, v = (torch.randn(B, T, H, D, dtype=torch.float64) for D in (K, K, V))
     log_decay = F.logsigmoid(torch.randn(B, T, H, dtype=torch.float64) + 2)
     x = torch.randn(B, T, HIDDEN, dtype=torch.float64)
@@ -94,7 +94,7 @@ def test_rove_on_linear_attention_is_the_attentive_convolution():
     assert (ours[0].double() - expected).abs().max() <= 1e-5
 
 
-def selective(family_dims: HeadDims, **options) -> torch.nn.Module:
+def selective(family_dims: MixerSpec, **options) -> torch.nn.Module:
     settings = PositionalSettings(position_encoding="selective_rope", **options)
     torch.manual_seed(1)
     layer = build_positional(settings, family_dims).double()
@@ -111,7 +111,7 @@ def selective(family_dims: HeadDims, **options) -> torch.nn.Module:
 def test_selective_rope_equals_the_complex_recurrence(options):
     """Linear kernel on rotated q, k == S_t = lambda_t diag(exp(-i tau omega_t)) S_{t-1} + kc_t v_t^T."""
     B, H, K, V = 2, 2, 8, 4
-    layer = selective(HeadDims(HIDDEN, H, H, K, V, mixer_has_decay=True), **options)
+    layer = selective(MixerSpec(HIDDEN, H, H, K, V, has_decay=True), **options)
     x = torch.randn(B, T, HIDDEN, dtype=torch.float64)
     q, k, v = torch.randn(B, T, H, K, dtype=torch.float64), torch.randn(B, T, H, K, dtype=torch.float64), \
         torch.randn(B, T, H, V, dtype=torch.float64)
@@ -135,7 +135,7 @@ def test_selective_rope_equals_the_complex_recurrence(options):
 
 def test_softmax_logits_depend_only_on_angle_differences():
     B, H, K = 1, 2, 8
-    layer = selective(HeadDims(HIDDEN, H, H, K, K, mixer_has_decay=False))
+    layer = selective(MixerSpec(HIDDEN, H, H, K, K, has_decay=False))
     x = torch.randn(B, T, HIDDEN, dtype=torch.float64)
     q, k, v = (torch.randn(B, T, H, K, dtype=torch.float64) for _ in range(3))
     seq = SequenceInfo.build(x)
@@ -211,7 +211,7 @@ def test_selective_decay_is_on_only_for_mixers_without_one():
 
 def test_rope_rotation_matches_the_definition():
     settings = PositionalSettings(position_encoding="rope", partial_rotary_factor=0.5)
-    layer = build_positional(settings, HeadDims(HIDDEN, 2, 2, 16, 16, False))
+    layer = build_positional(settings, MixerSpec(HIDDEN, 2, 2, 16, 16, False))
     q = torch.randn(1, 5, 2, 16, dtype=torch.float64)
     enc = layer(q, q, q, torch.zeros(1, 5, HIDDEN), SequenceInfo.build(torch.zeros(1, 5, HIDDEN)), None)
     freq = 10000 ** (-torch.arange(0, 8, 2, dtype=torch.float64) / 8)
@@ -224,7 +224,7 @@ def test_rope_rotation_matches_the_definition():
 @pytest.mark.parametrize("make,match", [
     (lambda: make_mixer("transformer", "rope", head_dim=7, num_kv_heads=4), "rotary dimension"),
     (lambda: make_mixer("gla", "rope", partial_rotary_factor=0.1), "partial_rotary_factor"),
-    (lambda: build_positional(PositionalSettings(position_encoding="rove"), HeadDims(32, 2, 2, 8, 7, False)),
+    (lambda: build_positional(PositionalSettings(position_encoding="rove"), MixerSpec(32, 2, 2, 8, 7, False)),
      "value head size"),
     (lambda: make_mixer("gla", "alibi"), "position_encoding"),
     (lambda: make_mixer("gla", "selective_rope", selective_rope_activation="gelu"), "selective_rope_activation"),
@@ -247,13 +247,13 @@ def test_temperature_base_one_turns_every_pair_at_tau_max():
     """The Selective RoPE reference's state-tracking setting: base 1.0, a uniform spectrum."""
     settings = PositionalSettings(position_encoding="selective_rope", selective_rope_temperature_base=1.0,
                                   selective_rope_tau_max=0.5)
-    enc = build_positional(settings, HeadDims(HIDDEN, 2, 2, 8, 8, True))
+    enc = build_positional(settings, MixerSpec(HIDDEN, 2, 2, 8, 8, True))
     assert torch.allclose(enc.tau.float(), torch.full_like(enc.tau.float(), 0.5))
 
 
 def test_rfa_spectrum_is_the_reference_tan_profile_and_saved():
     """tau_i = tau_max * tan(a_i / 2) / max tan, a_i evenly spaced over [0, rfa_theta * pi]: from 0 up to tau_max."""
-    dims = HeadDims(HIDDEN, 2, 2, 8, 8, True)
+    dims = MixerSpec(HIDDEN, 2, 2, 8, 8, True)
     settings = PositionalSettings(position_encoding="selective_rope", selective_rope_spectrum="rfa",
                                   selective_rope_rfa_theta=0.9, selective_rope_tau_max=0.25)
     enc = build_positional(settings, dims)
@@ -266,7 +266,7 @@ def test_rfa_spectrum_is_the_reference_tan_profile_and_saved():
 def test_skip_conv_makes_the_angle_the_projection_of_the_current_token():
     """The reference's skip_conv: omega_t = phi_t - phi_{t-1}, so theta_t = phi_t depends on token t alone, within
     each packed document, and the first difference stays frozen."""
-    layer = selective(HeadDims(HIDDEN, 2, 2, 8, 4, mixer_has_decay=True), selective_rope_skip_conv=True)
+    layer = selective(MixerSpec(HIDDEN, 2, 2, 8, 4, has_decay=True), selective_rope_skip_conv=True)
     assert not layer.conv.weight.requires_grad
     with torch.no_grad():  # `selective` perturbs every tensor, the frozen difference too
         layer.conv.weight.copy_(layer.special_init()["conv.weight"])
@@ -321,7 +321,7 @@ def test_temperature_bases_below_one_are_accepted_and_default_settings_are_uncha
     paper's language-model setting."""
     settings = PositionalSettings(position_encoding="selective_rope", selective_rope_temperature_base=0.5)
     settings.validate()
-    enc = build_positional(settings, HeadDims(HIDDEN, 2, 2, 8, 8, True))
+    enc = build_positional(settings, MixerSpec(HIDDEN, 2, 2, 8, 8, True))
     assert torch.all(enc.tau[1:] > enc.tau[:-1])
     defaults = PositionalSettings()
     assert (defaults.selective_rope_temperature_base, defaults.selective_rope_tau_max, defaults.selective_rope_rank,

@@ -11,7 +11,7 @@ from transformers import AutoModelForCausalLM, LlamaConfig
 from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
 
 import rotarium  # noqa: F401  (registers the Auto classes)
-from rotarium.layers import HeadDims, PositionalSettings, SequenceInfo, build_positional
+from rotarium.layers import MixerSpec, PositionalSettings, SequenceInfo, build_positional
 from rotarium.models import CONFIGS
 from rotarium.ops.rotary import rotate_half_pairs
 from tests.layers.helpers import FAMILIES, make_mixer, run
@@ -39,7 +39,7 @@ def rope_layer(scaling: dict | None, encoding: str = "rope", softmax: bool = Tru
                head_v: int = HEAD) -> torch.nn.Module:
     settings = PositionalSettings(position_encoding=encoding, rope_theta=theta, rope_parameters=scaling,
                                   max_position_embeddings=ORIGINAL)
-    return build_positional(settings, HeadDims(64, 2, 2, HEAD, head_v, mixer_has_decay=False, softmax=softmax))
+    return build_positional(settings, MixerSpec(64, 2, 2, HEAD, head_v, has_decay=False, softmax=softmax))
 
 
 @pytest.mark.parametrize("name", list(SCALINGS))
@@ -71,7 +71,7 @@ def test_attention_factor_multiplies_the_rotated_features_of_q_and_k():
     past the rotary size pass through unscaled, as in transformers' partial rotary."""
     settings = PositionalSettings(position_encoding="rope", rope_theta=100.0, partial_rotary_factor=0.5,
                                   rope_parameters=SCALINGS["yarn"], max_position_embeddings=ORIGINAL)
-    layer = build_positional(settings, HeadDims(64, 2, 2, HEAD, HEAD, mixer_has_decay=False, softmax=True))
+    layer = build_positional(settings, MixerSpec(64, 2, 2, HEAD, HEAD, has_decay=False, softmax=True))
     m = layer.attention_factor
     assert m > 1
     q, k, v = (torch.randn(1, 40, 2, HEAD) for _ in range(3))

@@ -27,8 +27,8 @@ import torch
 
 from rotarium.ops.backend import (
     FLA_KERNELS,
-    dispatch,
     fla_gated_backward_refused,
+    record_backend,
     requested_backend,
     use_fla,
 )
@@ -307,7 +307,7 @@ def chunk_gated_delta_rule(
     check_delta_rule_inputs(q, k, v, g, beta, initial_state, cu_seqlens, cu_seqlens_cpu)
     scale = q.shape[-1] ** -0.5 if scale is None else scale
     to_fla = use_fla(backend, q, FLA_KERNELS["chunk_gated_delta_rule"].refusal(q))
-    if dispatch("chunk_gated_delta_rule", to_fla and not fla_cannot_train_gated(backend, q, k, v, g, beta,
+    if record_backend("chunk_gated_delta_rule", to_fla and not fla_cannot_train_gated(backend, q, k, v, g, beta,
                                                                                  initial_state)):
         from fla.ops.gated_delta_rule import chunk_gated_delta_rule as fla_chunk_gated_delta_rule
 
@@ -344,7 +344,7 @@ def chunk_delta_rule(
         raise ValueError("`beta` ([B, T, H]) is required")
     check_delta_rule_inputs(q, k, v, None, beta, initial_state, cu_seqlens, cu_seqlens_cpu)
     scale = q.shape[-1] ** -0.5 if scale is None else scale
-    if dispatch("chunk_delta_rule", use_fla(backend, q, FLA_KERNELS["chunk_delta_rule"].refusal(q))):
+    if record_backend("chunk_delta_rule", use_fla(backend, q, FLA_KERNELS["chunk_delta_rule"].refusal(q))):
         from fla.ops.delta_rule import chunk_delta_rule as fla_chunk_delta_rule
 
         return fla_chunk_delta_rule(

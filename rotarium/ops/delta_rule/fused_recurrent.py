@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from rotarium.ops.backend import FLA_KERNELS, dispatch, use_fla
+from rotarium.ops.backend import FLA_KERNELS, record_backend, use_fla
 from rotarium.ops.delta_rule.chunk import check_delta_rule_inputs
 from rotarium.ops.l2norm import l2norm
 from rotarium.ops.utils import float32_internals, run_packed
@@ -99,7 +99,7 @@ def fused_recurrent_gated_delta_rule(
     check_delta_rule_inputs(q, k, v, g, beta, initial_state, cu_seqlens)
     scale = q.shape[-1] ** -0.5 if scale is None else scale
     kernel = FLA_KERNELS["fused_recurrent_gated_delta_rule"]
-    if dispatch("fused_recurrent_gated_delta_rule", use_fla(backend, q, kernel.refusal(q))):
+    if record_backend("fused_recurrent_gated_delta_rule", use_fla(backend, q, kernel.refusal(q))):
         from fla.ops.gated_delta_rule import fused_recurrent_gated_delta_rule as fla_fused_recurrent
 
         return fla_fused_recurrent(
@@ -134,7 +134,7 @@ def fused_recurrent_delta_rule(
     check_delta_rule_inputs(q, k, v, None, beta, initial_state, cu_seqlens)
     scale = q.shape[-1] ** -0.5 if scale is None else scale
     kernel = FLA_KERNELS["fused_recurrent_delta_rule"]
-    if dispatch("fused_recurrent_delta_rule", use_fla(backend, q, kernel.refusal(q))):
+    if record_backend("fused_recurrent_delta_rule", use_fla(backend, q, kernel.refusal(q))):
         from fla.ops.delta_rule import fused_recurrent_delta_rule as fla_fused_recurrent
 
         return fla_fused_recurrent(

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import torch
 
-from rotarium.ops.backend import FLA_KERNELS, dispatch, use_fla
+from rotarium.ops.backend import FLA_KERNELS, record_backend, use_fla
 from rotarium.ops.forgetting_attn.parallel import block_attention, check_heads
 from rotarium.ops.utils import check_dims, check_same_device, check_same_dtype, check_tensor
 
@@ -95,7 +95,7 @@ def forgetting_attn_with_cache(
     key_mask = None if attention_mask is None else attention_mask != 0
     records_grad = torch.is_grad_enabled() and any(
         t is not None and t.requires_grad for t in (q, k, v, q_log_decay_cumsum, k_log_decay_cumsum))
-    if dispatch("forgetting_attn_with_cache", to_fla and kernel.serves(Tq, records_grad)):
+    if record_backend("forgetting_attn_with_cache", to_fla and kernel.serves(Tq, records_grad)):
         return _fla_decoding(q, k, v, k_log_decay_cumsum, scale, key_mask)
     o = block_attention(
         q, k, v, q_log_decay_cumsum, k_log_decay_cumsum, scale, q_offset=Tk - Tq, key_mask=key_mask

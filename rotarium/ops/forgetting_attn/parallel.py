@@ -16,7 +16,7 @@ import itertools
 import torch
 import torch.nn.functional as F
 
-from rotarium.ops.backend import FLA_KERNELS, dispatch, use_fla
+from rotarium.ops.backend import FLA_KERNELS, record_backend, use_fla
 from rotarium.ops.cumsum import segment_cumsum
 from rotarium.ops.utils import (
     check_cu_seqlens,
@@ -260,7 +260,7 @@ def parallel_forgetting_attn(
         scale = K ** -0.5
 
     kernel = FLA_KERNELS["parallel_forgetting_attn" if g is not None else "parallel_attn"]
-    if dispatch("parallel_forgetting_attn", use_fla(backend, q, kernel.refusal(q))):
+    if record_backend("parallel_forgetting_attn", use_fla(backend, q, kernel.refusal(q))):
         if g is None:
             from fla.ops.attn import parallel_attn
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from rotarium.ops.backend import FLA_KERNELS, dispatch, use_fla
+from rotarium.ops.backend import FLA_KERNELS, record_backend, use_fla
 from rotarium.ops.utils import (
     check_cu_seqlens,
     check_dims,
@@ -226,7 +226,7 @@ def chunk_gla(
     check_gla_inputs(q, k, v, {"g": g}, initial_state, cu_seqlens, cu_seqlens_cpu)
     if scale is None:
         scale = q.shape[-1] ** -0.5
-    if dispatch("chunk_gla", use_fla(backend, q, FLA_KERNELS["chunk_gla"].refusal(q))):
+    if record_backend("chunk_gla", use_fla(backend, q, FLA_KERNELS["chunk_gla"].refusal(q))):
         from fla.ops.gla import chunk_gla as fla_chunk_gla
 
         return fla_chunk_gla(

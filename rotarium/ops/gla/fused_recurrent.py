@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import torch
 
-from rotarium.ops.backend import FLA_KERNELS, dispatch, use_fla
+from rotarium.ops.backend import FLA_KERNELS, record_backend, use_fla
 from rotarium.ops.gla.chunk import check_gla_inputs
 from rotarium.ops.utils import float32_internals, run_packed
 
@@ -76,7 +76,7 @@ def fused_recurrent_gla(
     check_gla_inputs(q, k, v, {"gk": gk, "gv": gv}, initial_state, cu_seqlens)
     if scale is None:
         scale = q.shape[-1] ** -0.5
-    if dispatch("fused_recurrent_gla", use_fla(backend, q, FLA_KERNELS["fused_recurrent_gla"].refusal(q))):
+    if record_backend("fused_recurrent_gla", use_fla(backend, q, FLA_KERNELS["fused_recurrent_gla"].refusal(q))):
         from fla.ops.gla import fused_recurrent_gla as fla_fused_recurrent_gla
 
         return fla_fused_recurrent_gla(
