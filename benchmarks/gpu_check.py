@@ -515,23 +515,25 @@ def ops_part(report: Report, ctx: Context, args: argparse.Namespace) -> None:
 
 # ------------------------------------------------------------------------------------------------ the models
 
+# Gated DeltaNet is DeltaNet with `use_gated_delta`, which runs kernels of its own (the gated delta rule's): it gets
+# rows as a family does, after DeltaNet's. family -> {variant's name: overrides}.
+VARIANTS = {"deltanet": {"gated-deltanet": {"use_gated_delta": True}}}
+# Every family of the registry, and each variant after its family: name -> (family, overrides).
+ROW_FAMILIES = {name: (family, overrides) for family in FAMILY_MODELS
+                for name, overrides in {family: {}, **VARIANTS.get(family, {})}.items()}
+QK_NORM_GQA = {"qk_norm": True, "num_kv_heads": 4}
+
+
+def has_qk_norm_and_gqa(family: str) -> bool:
+    return set(QK_NORM_GQA) <= set(FAMILY_MODELS[family].config.field_names())
+
+
 # The 370M training rows: row name -> (preset, overrides).
-PRESET_ROWS = {
-    "gla-370m": ("gla-370m", {}),
-    "fox-370m": ("fox-370m", {}),
-    "deltanet-370m": ("deltanet-370m", {}),
-    "gated-deltanet-370m": ("deltanet-370m", {"use_gated_delta": True}),
-    "transformer-370m": ("transformer-370m", {}),
-}
+PRESET_ROWS = {f"{name}-370m": (f"{family}-370m", overrides) for name, (family, overrides) in ROW_FAMILIES.items()}
 # The end-to-end rows: family -> (preset, overrides); each with every positional option. QK-norm and GQA on where
 # the family has them (the presets leave them off, and the 370M rows run those).
-FAMILY_ROWS = {
-    "gla": ("gla-370m", {}),
-    "fox": ("fox-370m", {"qk_norm": True, "num_kv_heads": 4}),
-    "deltanet": ("deltanet-370m", {}),
-    "gated-deltanet": ("deltanet-370m", {"use_gated_delta": True}),
-    "transformer": ("transformer-370m", {"qk_norm": True, "num_kv_heads": 4}),
-}
+FAMILY_ROWS = {name: (f"{family}-370m", overrides | (QK_NORM_GQA if has_qk_norm_and_gqa(family) else {}))
+               for name, (family, overrides) in ROW_FAMILIES.items()}
 # A dry run's models: the preset's options at a tiny width.
 TINY = {"hidden_size": 64, "vocab_size": 256, "intermediate_size": 128}
 # fla's causal-LM class of each fla model type the presets map to.
@@ -813,14 +815,16 @@ def check_no_host_sync(family: str, encoding: str, ctx: Context) -> tuple[str, s
     return "PASS", "training forward and backward made no host synchronisation"
 
 
-NO_SYNC_ROWS = (("gla", "rope"), ("deltanet", "selective_rope"), ("fox", "rove"), ("transformer", "selective_rope"))
+# One training step of each family, the positional options spread over them (RoPE for a family not named here).
+NO_SYNC_ENCODINGS = {"gla": "rope", "fox": "rove", "deltanet": "selective_rope", "transformer": "selective_rope"}
+NO_SYNC_ROWS = tuple((family, NO_SYNC_ENCODINGS.get(family, "rope")) for family in FAMILY_MODELS)
 
 
 def models_part(report: Report, ctx: Context, args: argparse.Namespace) -> None:
     # correctness first, so that a run cut short by --budget loses timings rather than checks
-    for family in FAMILY_ROWS:
+    for family, (_, overrides) in FAMILY_ROWS.items():
         for encoding in POSITION_ENCODINGS:
-            extra = "" if family in ("gla", "deltanet", "gated-deltanet") else " (qk_norm, GQA)"
+            extra = " (qk_norm, GQA)" if overrides.keys() >= QK_NORM_GQA.keys() else ""
             report.run(f"e2e {family}{extra} + {encoding}",
                        lambda family=family, encoding=encoding: check_e2e(family, encoding, ctx))
     for family, encoding in NO_SYNC_ROWS:

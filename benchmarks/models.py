@@ -14,6 +14,7 @@ import argparse
 import torch
 from common import best, paired_ratio, time_rounds, verdict  # beside this script, first on sys.path
 
+from rotarium.layers import MIXERS, SoftmaxAttention
 from rotarium.models import CONFIGS, FAMILY_MODELS
 
 VOCAB = 32000
@@ -97,7 +98,8 @@ def main() -> None:
     for family in CONFIGS:
         print(f"| {family} | ctx 256: {latency[family][256] * 1e3:.2f} ms | ctx 4096: "
               f"{latency[family][4096] * 1e3:.2f} ms |")
-    linear = ("gla", "deltanet")  # FoX is softmax attention: its cache grows like the Transformer's
+    # FoX is softmax attention: its cache grows like the Transformer's
+    linear = [family for family, mixer in MIXERS.items() if not issubclass(mixer, SoftmaxAttention)]
     for context in (256, 4096):
         values = [latency[f][context] for f in linear]
         spread = max(values) / min(values)

@@ -22,9 +22,11 @@ import tempfile
 import time
 from pathlib import Path
 
+from rotarium.models import FAMILY_MODELS
+
 ROOT = Path(__file__).resolve().parents[1]
 ACCELERATE_CONFIG = ROOT / "rotarium" / "configs" / "accelerate" / "ddp_cpu.yaml"
-FAMILIES = ("gla", "fox", "deltanet", "transformer")
+FAMILIES = tuple(FAMILY_MODELS)
 NEVER = str(10 ** 9)  # an eval / save interval past the last step
 
 

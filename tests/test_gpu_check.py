@@ -14,13 +14,23 @@ from pathlib import Path
 import pytest
 import torch
 
+from rotarium.layers import MIXERS, SoftmaxAttention
+from rotarium.models import FAMILY_MODELS
+
 ROOT = Path(__file__).resolve().parents[1]
 ROW = re.compile(r"^(?P<name>.+?)\s{2,}(?P<status>PASS|KNOWN|SKIP|FAIL)\s{2,}(?P<note>.*)$")
 CHUNK_OPS = ("chunk_gla", "chunk_delta_rule", "chunk_gated_delta_rule")
 RECURRENT_OPS = ("fused_recurrent_gla", "fused_recurrent_delta_rule", "fused_recurrent_gated_delta_rule")
 ATTENTION_OPS = ("parallel_forgetting_attn", "parallel_attn")
-PRESETS = ("gla-370m", "fox-370m", "deltanet-370m", "gated-deltanet-370m", "transformer-370m")
-FAMILIES = ("gla", "fox (qk_norm, GQA)", "deltanet", "gated-deltanet", "transformer (qk_norm, GQA)")
+# The models part's rows: every family of the registry, and Gated DeltaNet (DeltaNet with use_gated_delta) after
+# DeltaNet; the softmax families run with QK-norm and GQA, and their end-to-end rows say so.
+VARIANTS = {"deltanet": ("gated-deltanet",)}
+ROW_FAMILIES = tuple(name for family in FAMILY_MODELS for name in (family, *VARIANTS.get(family, ())))
+PRESETS = tuple(f"{name}-370m" for name in ROW_FAMILIES)
+SOFTMAX = {family for family, mixer in MIXERS.items() if issubclass(mixer, SoftmaxAttention)}
+FAMILIES = tuple(f"{name} (qk_norm, GQA)" if name in SOFTMAX else name for name in ROW_FAMILIES)
+# the positional option of each family's row without host synchronisation (RoPE for a family not named)
+NO_SYNC = {"gla": "rope", "fox": "rove", "deltanet": "selective_rope", "transformer": "selective_rope"}
 ENCODINGS = ("nope", "rope", "rove", "selective_rope")
 # fla's model classes of the presets that fla has (the Transformer's needs flash-attn)
 FLA_PEERS = {"gla-370m": "GLAForCausalLM", "fox-370m": "ForgettingTransformerForCausalLM",
@@ -60,8 +70,7 @@ def expected_rows(part: str, mode: str) -> list[tuple[str, str]]:
             (f"train {preset} fla's own model", "PASS" if interpret and preset in FLA_PEERS else "SKIP"))),
         *((f"e2e {family} + {encoding}", decoding_with_grads if "GQA" in family else "PASS")
           for family in FAMILIES for encoding in ENCODINGS),
-        *((f"no host sync {family} + {encoding}", "PASS") for family, encoding in (
-            ("gla", "rope"), ("deltanet", "selective_rope"), ("fox", "rove"), ("transformer", "selective_rope"))),
+        *((f"no host sync {family} + {NO_SYNC.get(family, 'rope')}", "PASS") for family in FAMILY_MODELS),
     ]
 
 
@@ -102,7 +111,7 @@ def run_on_cpu(part: str, mode: str, only: tuple[str, ...] = ()) -> dict[str, tu
 # The interpreted models part runs in pieces, one test each (--only: the rows of one family), so that the workers of
 # `make test` share its minutes; together the pieces run every row of the part once (checked below).
 MODEL_PIECES = {family: (f"e2e {family} ", f"no host sync {family} ", f"train {family}-370m ")
-                for family in ("gla", "fox", "deltanet", "gated-deltanet", "transformer")}
+                for family in ROW_FAMILIES}
 
 
 def test_the_interpreted_pieces_run_every_row_of_the_models_part_once():

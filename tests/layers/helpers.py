@@ -3,9 +3,9 @@ from __future__ import annotations
 
 import torch
 
-from rotarium.layers import POSITION_ENCODINGS, PositionalSettings, SequenceInfo, build_mixer
+from rotarium.layers import MIXERS, POSITION_ENCODINGS, PositionalSettings, SequenceInfo, build_mixer
 
-FAMILIES = ("gla", "fox", "deltanet", "transformer")
+FAMILIES = tuple(MIXERS)
 COMBINATIONS = [(f, p) for f in FAMILIES for p in POSITION_ENCODINGS]
 HIDDEN, HEADS = 32, 4
 

@@ -2,7 +2,7 @@
 import pytest
 import torch
 
-from tests.layers.helpers import COMBINATIONS, HIDDEN, make_mixer, run
+from tests.layers.helpers import COMBINATIONS, FAMILIES, HIDDEN, make_mixer, run
 
 T = 40
 
@@ -96,7 +96,7 @@ SELECTIVE_VARIANTS = [
 
 
 @pytest.mark.parametrize("options", SELECTIVE_VARIANTS)
-@pytest.mark.parametrize("family", ["gla", "fox", "deltanet", "transformer"])
+@pytest.mark.parametrize("family", FAMILIES)
 def test_selective_rope_variants_train_and_decode(family, options):
     mixer = make_mixer(family, "selective_rope", **options)
     check_gradients_reach_input_and_every_parameter(mixer)

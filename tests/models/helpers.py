@@ -11,6 +11,16 @@ COMBINATIONS = [(f, p) for f in FAMILIES for p in ENCODINGS]
 VOCAB = 61
 
 
+def one_option_each(options: dict[str, str]) -> list[tuple[str, str]]:
+    """Every family with one positional option, where a test runs one per family rather than every combination:
+    the option that ``options`` gives it (chosen so that the options spread over the families), else RoPE, so that a
+    family added to the registry is tested too."""
+    unknown = set(options) - set(FAMILIES)
+    if unknown:
+        raise ValueError(f"not families of the registry: {sorted(unknown)}")
+    return [(family, options.get(family, "rope")) for family in FAMILIES]
+
+
 def tiny_config(family: str, position_encoding: str, **overrides):
     values = {"vocab_size": VOCAB, "hidden_size": 32, "num_hidden_layers": 2, "num_heads": 4,
               "intermediate_size": 64, "position_encoding": position_encoding, "pad_token_id": 0,

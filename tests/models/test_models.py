@@ -8,7 +8,7 @@ from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, Pretrained
 
 import rotarium
 from rotarium.models import CONFIGS, RotariumCache, set_activation_checkpointing
-from tests.models.helpers import COMBINATIONS, VOCAB, tiny_config, tiny_model
+from tests.models.helpers import COMBINATIONS, FAMILIES, VOCAB, one_option_each, tiny_config, tiny_model
 
 
 @pytest.mark.parametrize("family,pe", COMBINATIONS)
@@ -161,7 +161,7 @@ def test_prefill_then_token_by_token_logits_equal_the_full_forward(family, pe):
     assert (torch.cat(logits, 1) - full).abs().max() <= 1e-4
 
 
-@pytest.mark.parametrize("family", ["gla", "fox", "deltanet", "transformer"])
+@pytest.mark.parametrize("family", FAMILIES)
 def test_reference_copying_selective_rope_decodes_like_the_full_forward(family):
     """The reference's copying setting: the "rfa" spectrum and skip_conv, whose first difference is carried by the
     convolution state across decoding steps and survives the model's initialisation frozen."""
@@ -181,7 +181,7 @@ def test_reference_copying_selective_rope_decodes_like_the_full_forward(family):
     assert (torch.cat(logits, 1) - full).abs().max() <= 1e-4
 
 
-@pytest.mark.parametrize("family", ["gla", "fox", "deltanet", "transformer"])
+@pytest.mark.parametrize("family", FAMILIES)
 @pytest.mark.parametrize("pe", ["rope", "rove"])
 def test_shifting_position_ids_leaves_logits_unchanged(family, pe):
     model = tiny_model(family, pe)
@@ -194,8 +194,8 @@ def test_shifting_position_ids_leaves_logits_unchanged(family, pe):
     assert (a - b).abs().max() <= 1e-4 * a.abs().max()
 
 
-@pytest.mark.parametrize("family,pe", [("gla", "selective_rope"), ("transformer", "rove"), ("deltanet", "rope"),
-                                       ("fox", "nope")])
+@pytest.mark.parametrize("family,pe", one_option_each(
+    {"gla": "selective_rope", "fox": "nope", "deltanet": "rope", "transformer": "rove"}))
 def test_packed_documents_equal_separate_forwards_and_loss_skips_boundaries(family, pe):
     model = tiny_model(family, pe)
     docs = [torch.randint(0, VOCAB, (1, n)) for n in (9, 4, 13)]
@@ -276,7 +276,7 @@ def test_tied_embeddings_resize_and_bfloat16(tmp_path):
     assert untied.lm_head.weight.data_ptr() != untied.model.embed_tokens.weight.data_ptr()
 
 
-@pytest.mark.parametrize("family", ["gla", "fox", "deltanet", "transformer"])
+@pytest.mark.parametrize("family", FAMILIES)
 def test_bf16_autocast_training_step_tracks_float32(family):
     """accelerate's bf16 mixed precision on a CPU: the projections run in bf16, the kernels stay float32."""
     model = tiny_model(family, "selective_rope").train()

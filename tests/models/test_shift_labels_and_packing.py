@@ -7,7 +7,7 @@ from transformers.loss.loss_utils import ForCausalLMLoss
 
 from rotarium.layers import sequence
 from rotarium.layers.sequence import SequenceInfo
-from tests.models.helpers import COMBINATIONS, VOCAB, tiny_model
+from tests.models.helpers import COMBINATIONS, VOCAB, one_option_each, tiny_model
 
 
 @pytest.mark.parametrize("family,pe", [("gla", "selective_rope"), ("transformer", "rove")])
@@ -69,8 +69,8 @@ def test_data_collator_with_flattening_keeps_documents_apart(family, pe, flash_k
     assert torch.allclose(out.loss, sum(per_doc) / sum(len(d) - 1 for d in docs), atol=1e-5)
 
 
-@pytest.mark.parametrize("family,pe", [("gla", "selective_rope"), ("fox", "rope"), ("deltanet", "rove"),
-                                       ("transformer", "selective_rope")])
+@pytest.mark.parametrize("family,pe", one_option_each(
+    {"gla": "selective_rope", "fox": "rope", "deltanet": "rove", "transformer": "selective_rope"}))
 def test_packing_boundaries_follow_transformers_rule_and_loss_ignores_crossings(family, pe):
     """Positions that start above 0 (``position_ids_start``, RoBERTa-style) and a row that starts inside a
     document: boundaries where the positions take their smallest value, and labels given as the inputs themselves

@@ -15,13 +15,16 @@ import transformers.modeling_utils
 from transformers import GenerationMixin
 from transformers.modeling_layers import GradientCheckpointingLayer
 
+from rotarium.layers import MIXERS, SoftmaxAttention
 from rotarium.models import FAMILY_MODELS, set_activation_checkpointing
-from tests.models.helpers import COMBINATIONS, FAMILIES, VOCAB, tiny_model
+from tests.models.helpers import COMBINATIONS, FAMILIES, VOCAB, one_option_each, tiny_model
 
-ATTENTION_FAMILIES = ("fox", "transformer")
-LINEAR_FAMILIES = ("gla", "deltanet")
+# the softmax mixers form attention weights; the others (linear attention) form none
+ATTENTION_FAMILIES = tuple(family for family in FAMILIES if issubclass(MIXERS[family], SoftmaxAttention))
+LINEAR_FAMILIES = tuple(family for family in FAMILIES if family not in ATTENTION_FAMILIES)
 # One positional option per family, so every option meets every test somewhere
-OPTION = {"gla": "selective_rope", "fox": "rove", "deltanet": "rope", "transformer": "selective_rope"}
+OPTION = dict(one_option_each({"gla": "selective_rope", "fox": "rove", "deltanet": "rope",
+                               "transformer": "selective_rope"}))
 
 
 def ids_and_mask(batch=2, length=12, padding=3):

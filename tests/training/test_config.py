@@ -1,5 +1,6 @@
 import pytest
 
+from rotarium.models import FAMILY_MODELS
 from rotarium.training.build import accumulation_steps
 from rotarium.training.config import Config, load_config, parse_overrides, recipe_names
 
@@ -54,8 +55,8 @@ def test_override_syntax_errors():
 
 def test_recipes_cover_every_family_size_and_position():
     names = recipe_names()
-    assert len([name for name in names if "-370m-" in name or "-1.3b-" in name]) == 32
-    for family in ("gla", "fox", "deltanet", "transformer"):
+    assert len([name for name in names if "-370m-" in name or "-1.3b-" in name]) == len(FAMILY_MODELS) * 2 * 4
+    for family in FAMILY_MODELS:
         for size, tokens in (("370m", 10e9), ("1.3b", 26e9)):
             for position in ("nope", "rope", "rove", "selective_rope"):
                 config = load_config(f"{family}-{size}-{position.replace('_', '-')}")
