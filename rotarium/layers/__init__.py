@@ -18,6 +18,13 @@ from rotarium.layers.positional import (
     build_positional,
 )
 from rotarium.layers.sequence import SequenceInfo
+from rotarium.layers.state import (
+    AttentionState,
+    DecodingState,
+    LinearAttentionState,
+    RotaryState,
+    SelectiveRoPEState,
+)
 from rotarium.utils.deprecation import renamed_module_attributes
 
 # Each family's token mixer, under the family's name (its config's `family`). The layers cannot see the configs
@@ -43,8 +50,29 @@ def build_mixer(family: str, **kwargs) -> nn.Module:
 
 
 __all__ = [
-    "MIXERS", "POSITION_ENCODINGS", "Block", "DeltaNet", "ForgettingAttention", "GatedLinearAttention", "HeadRMSNorm",
-    "MixerSpec", "PositionalEncoding", "PositionalOutput", "PositionalSettings", "RMSNorm", "SequenceInfo",
-    "ShortConvolution", "SoftmaxAttention", "SwiGLU", "TransformerAttention", "build_mixer", "build_positional",
+    "MIXERS",
+    "POSITION_ENCODINGS",
+    "AttentionState",
+    "Block",
+    "DecodingState",
+    "DeltaNet",
+    "ForgettingAttention",
+    "GatedLinearAttention",
+    "HeadRMSNorm",
+    "LinearAttentionState",
+    "MixerSpec",
+    "PositionalEncoding",
+    "PositionalOutput",
+    "PositionalSettings",
+    "RMSNorm",
+    "RotaryState",
+    "SelectiveRoPEState",
+    "SequenceInfo",
+    "ShortConvolution",
+    "SoftmaxAttention",
+    "SwiGLU",
+    "TransformerAttention",
+    "build_mixer",
+    "build_positional",
     "default_intermediate_size",
 ]

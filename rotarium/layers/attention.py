@@ -8,7 +8,6 @@ Both run on :func:`rotarium.ops.parallel_forgetting_attn`, and on
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -18,6 +17,7 @@ from torch import nn
 from rotarium.layers.norm import HeadRMSNorm, RMSNorm
 from rotarium.layers.positional import MixerSpec, PositionalSettings, build_positional
 from rotarium.layers.sequence import SequenceInfo
+from rotarium.layers.state import AttentionState, KVCache
 from rotarium.ops import forgetting_attn_with_cache, parallel_forgetting_attn
 from rotarium.ops.cumsum import segment_cumsum
 from rotarium.ops.forgetting_attn import eager_forgetting_attn
@@ -31,8 +31,8 @@ class SoftmaxAttention(nn.Module):
     fla's Transformer) or, with ``qk_norm_per_head``, a weight per head (fla's Forgetting Transformer, the FoX
     paper's "Pro" models); ``qk_norm_eps`` (default ``norm_eps``) matches the epsilon of the model converted.
 
-    The layer's decoding state is a :class:`KVCache` (``state["kv"]``) of the rotated keys and values (RoVE's values
-    are stored rotated), with the positional layer's state beside it (``state["positional"]``).
+    The layer's decoding state is an :class:`~rotarium.layers.state.AttentionState`: a :class:`KVCache` of the rotated
+    keys and values (RoVE's values are stored rotated) and the positional layer's state.
     """
 
     def __init__(self, hidden_size: int, num_heads: int, positional: PositionalSettings,
@@ -74,25 +74,24 @@ class SoftmaxAttention(nn.Module):
             hidden_size, num_heads, num_kv_heads, self.head_dim, self.head_dim, has_decay=forget_gate,
             heads_major=True, softmax=True))
 
-    def forward(self, hidden_states: torch.Tensor, seq: SequenceInfo, state: dict | None = None,
+    def forward(self, hidden_states: torch.Tensor, seq: SequenceInfo, state: AttentionState | None = None,
                 use_cache: bool = False, output_attentions: bool = False) -> tuple:
         """hidden_states ``[B, T, d]`` -> ``([B, T, d], the layer's new cache state when use_cache)``, and with
         ``output_attentions`` the attention probabilities ``[B, H, T, past + T]`` after them, from the eager path
         (:func:`rotarium.ops.forgetting_attn.eager_forgetting_attn`) that also computes the output."""
         x = hidden_states
         B, T, _ = x.shape
-        state = state or {}
-        if seq.cu_seqlens is not None and (state or use_cache):
+        if seq.cu_seqlens is not None and (state is not None or use_cache):
             raise ValueError("packed inputs (`cu_seqlens`) cannot use a cache; run them with use_cache=False")
         q = self.q_proj(x).view(B, T, self.num_heads, self.head_dim)
         k = self.k_proj(x).view(B, T, self.num_kv_heads, self.head_dim)
         v = self.v_proj(x).view(B, T, self.num_kv_heads, self.head_dim)
         if self.qk_norm:
             q, k = self.q_norm(q), self.k_norm(k)
-        enc = self.positional(q, k, v, x, seq, state.get("positional"))
+        enc = self.positional(q, k, v, x, seq, None if state is None else state.positional)
         g = seq.zero_padding(F.logsigmoid(self.fgate_proj(x).float())) if self.forget_gate else enc.log_decay
 
-        cache: KVCache | None = state.get("kv")
+        cache = None if state is None else state.kv
         weights = None
         if cache is None and seq.mask is None:
             if output_attentions:
@@ -120,7 +119,7 @@ class SoftmaxAttention(nn.Module):
         if self.sigmoid_output_gate:
             o = o * torch.sigmoid(self.ogate_proj(x)).view(B, T, self.num_heads, self.head_dim)
         out = self.o_proj(o.reshape(B, T, -1))
-        new_state = {"kv": cache, "positional": enc.state} if use_cache else None
+        new_state = AttentionState(cache, enc.state) if use_cache else None
         return (out, new_state, weights) if output_attentions else (out, new_state)
 
 
@@ -144,129 +143,3 @@ class TransformerAttention(SoftmaxAttention):
 
     def __init__(self, hidden_size: int, num_heads: int, positional: PositionalSettings, **options: Any):
         super().__init__(hidden_size, num_heads, positional, forget_gate=False, **options)
-
-
-@dataclass(eq=False)
-class _Buffers:
-    """Storage shared by the states of one decoding chain: time-major ``[capacity, B, ...]`` tensors, of which the
-    first ``filled`` positions hold data."""
-
-    keys: torch.Tensor
-    values: torch.Tensor
-    log_decay_cumsum: torch.Tensor | None
-    key_mask: torch.Tensor | None
-    filled: int
-
-    @property
-    def capacity(self) -> int:
-        return self.keys.shape[0]
-
-    def tensors(self) -> tuple[torch.Tensor | None, ...]:
-        return self.keys, self.values, self.log_decay_cumsum, self.key_mask
-
-
-class KVCache:
-    """The KV cache of a softmax mixer: the keys and values (as the positional layer left them), the cumulative log
-    decay of every position and, once some padding was seen, the padding mask, for ``length`` positions.
-
-    Decoding appends one token at a time. The buffers keep room beyond ``length`` and write new tokens in place;
-    when they run out, the capacity doubles, so that n tokens cost O(n) copying in all rather than a copy of the
-    whole cache per token. The buffers are time-major (``[capacity, B, ...]``), so the filled part is one
-    contiguous block: fla's decoding kernel reads it where it lies (:func:`rotarium.ops.forgetting_attn_with_cache`
-    folds the batch into its heads). ``keys``, ``values``, ``log_decay_cumsum`` and ``key_mask`` are views
-    ``[B, length, ...]``. Whether any padding was seen is a Python fact (``key_mask`` is None until then), so
-    choosing the unpadded path never reads the device.
-
-    A state stays valid after it was continued: an append writes in place only into positions no state holds yet,
-    and copies when another state was already appended to the same buffers (two continuations of one prefix) or
-    when autograd records the step (it keeps the earlier views for the backward pass, and writing into their
-    storage would invalidate them).
-    """
-
-    def __init__(self, buffers: _Buffers, length: int):
-        self._buffers, self.length = buffers, length
-
-    @classmethod
-    def start(cls, k: torch.Tensor, v: torch.Tensor, log_decay_cumsum: torch.Tensor | None = None,
-              mask: torch.Tensor | None = None) -> KVCache:
-        """The cache of a first chunk ``k [B, T, H, K]``, ``v [B, T, H, V]``, ``log_decay_cumsum [B, T, HQ]``, ``mask
-        [B, T]`` (None: no padding); it holds the tensors as given, without room to grow until the first append."""
-        tensors = (k, v, log_decay_cumsum, mask)
-        t_major = [None if t is None else t.transpose(0, 1) for t in tensors]
-        return cls(_Buffers(*t_major, filled=k.shape[1]), k.shape[1])
-
-    @property
-    def batch_size(self) -> int:
-        return self._buffers.keys.shape[1]
-
-    @property
-    def capacity(self) -> int:
-        return self._buffers.capacity
-
-    def _view(self, t: torch.Tensor | None) -> torch.Tensor | None:
-        return None if t is None else t[:self.length].transpose(0, 1)
-
-    @property
-    def keys(self) -> torch.Tensor:
-        return self._view(self._buffers.keys)
-
-    @property
-    def values(self) -> torch.Tensor:
-        return self._view(self._buffers.values)
-
-    @property
-    def log_decay_cumsum(self) -> torch.Tensor | None:
-        return self._view(self._buffers.log_decay_cumsum)
-
-    @property
-    def key_mask(self) -> torch.Tensor | None:
-        """``[B, length]`` bool, True for real tokens; None when no padding was ever seen."""
-        return self._view(self._buffers.key_mask)
-
-    def append(self, k: torch.Tensor, v: torch.Tensor, log_decay_cumsum: torch.Tensor | None = None,
-               mask: torch.Tensor | None = None) -> KVCache:
-        """This cache followed by T more positions (shapes as in :meth:`start`); ``self`` stays valid."""
-        old, new = self._buffers, (k, v, log_decay_cumsum, mask)
-        if (log_decay_cumsum is None) != (old.log_decay_cumsum is None):
-            raise ValueError("`log_decay_cumsum` must be given at every step or at none")
-        length = self.length + k.shape[1]
-        records_grad = torch.is_grad_enabled() and any(
-            t is not None and t.requires_grad for t in (*new, *old.tensors()))
-        # (an inference-mode tensor cannot be written outside inference mode)
-        in_place = (old.filled == self.length and length <= old.capacity and not records_grad
-                    and all(t is None or t.is_contiguous() for t in old.tensors())
-                    and (torch.is_inference_mode_enabled() or not old.keys.is_inference()))
-        if in_place:
-            buffers = old
-        else:
-            # autograd keeps no spare room: it could not be written in place later
-            capacity = length if records_grad else max(length, 2 * old.capacity)
-            buffers = _Buffers(*[None if t is None else _grown(t, self.length, capacity) for t in old.tensors()],
-                               filled=self.length)
-        if mask is not None and buffers.key_mask is None:
-            buffers.key_mask = torch.ones(buffers.capacity, self.batch_size, dtype=torch.bool, device=k.device)
-        for buffer, t in zip(buffers.tensors(), new):
-            if buffer is not None:
-                buffer[self.length:length] = True if t is None else t.transpose(0, 1)
-        buffers.filled = length
-        return KVCache(buffers, length)
-
-    def release_later_positions(self) -> None:
-        """Lets the next append write in place after this state's positions: for a state taken back by a rollback
-        (``RotariumCacheLayer.crop``), whose later positions only the dropped states held."""
-        self._buffers.filled = self.length
-
-    def select_rows(self, index: torch.Tensor) -> KVCache:
-        """The cache of the batch rows ``index`` (int64 ``[B']``, repeats allowed): beam reordering, expansion and
-        selection. The spare room is kept, so decoding goes on in place."""
-        index = index.to(self._buffers.keys.device)
-        buffers = _Buffers(*[None if t is None else t.index_select(1, index) for t in self._buffers.tensors()],
-                           filled=self.length)
-        return KVCache(buffers, self.length)
-
-
-def _grown(buffer: torch.Tensor, length: int, capacity: int) -> torch.Tensor:
-    """A contiguous ``[capacity, ...]`` copy of ``buffer``'s first ``length`` positions; the rest is unset."""
-    grown = buffer.new_empty(capacity, *buffer.shape[1:])
-    grown[:length] = buffer[:length]
-    return grown

@@ -7,6 +7,7 @@ from transformers.modeling_layers import GradientCheckpointingLayer
 from rotarium.layers.mlp import SwiGLU
 from rotarium.layers.norm import RMSNorm
 from rotarium.layers.sequence import SequenceInfo
+from rotarium.layers.state import DecodingState
 
 
 class Block(GradientCheckpointingLayer):
@@ -22,7 +23,7 @@ class Block(GradientCheckpointingLayer):
         self.mlp_norm = RMSNorm(hidden_size, eps=norm_eps)
         self.mlp = SwiGLU(hidden_size, intermediate_size)
 
-    def forward(self, hidden_states: torch.Tensor, seq: SequenceInfo, state: dict | None = None,
+    def forward(self, hidden_states: torch.Tensor, seq: SequenceInfo, state: DecodingState | None = None,
                 use_cache: bool = False, output_attentions: bool = False) -> tuple:
         """``([B, T, d], the mixer's new state when use_cache)``, and its attention weights ``[B, H, T, past + T]``
         after them when ``output_attentions`` (softmax mixers only)."""

@@ -16,6 +16,7 @@ from rotarium.layers.conv import ShortConvolution
 from rotarium.layers.norm import RMSNorm
 from rotarium.layers.positional import MixerSpec, PositionalOutput, PositionalSettings, build_positional
 from rotarium.layers.sequence import SequenceInfo
+from rotarium.layers.state import LinearAttentionState
 from rotarium.ops import (
     chunk_delta_rule,
     chunk_gated_delta_rule,
@@ -99,8 +100,9 @@ class LinearAttentionMixer(nn.Module):
         """Runs the kernel on the encoded q, k, v: returns ``(o [B, T, H, V], final state or None)``."""
         raise NotImplementedError
 
-    def forward(self, hidden_states: torch.Tensor, seq: SequenceInfo, state: dict | None = None,
-                use_cache: bool = False, output_attentions: bool = False) -> tuple[torch.Tensor, dict | None]:
+    def forward(self, hidden_states: torch.Tensor, seq: SequenceInfo, state: LinearAttentionState | None = None,
+                use_cache: bool = False, output_attentions: bool = False
+                ) -> tuple[torch.Tensor, LinearAttentionState | None]:
         """hidden_states ``[B, T, d]`` -> ``([B, T, d], the layer's new cache state when use_cache)``.
         ``output_attentions`` is refused: tokens meet through the recurrent state, and no attention weights exist."""
         if output_attentions:
@@ -110,26 +112,26 @@ class LinearAttentionMixer(nn.Module):
                 "`output_attentions` False (the Transformer and FoX families return theirs)")
         x = hidden_states
         B, T, _ = x.shape
-        state = state or {}
-        if seq.cu_seqlens is not None and state:
+        if seq.cu_seqlens is not None and state is not None:
             raise ValueError("packed inputs (`cu_seqlens`) cannot continue from a cache; run them without one")
+        past = state if state is not None else LinearAttentionState(None)
+        new_state = LinearAttentionState(None)
         q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
-        new_state: dict = {}
         if self.use_short_conv:
-            q, new_state["conv_q"] = self.q_conv(q, seq, state.get("conv_q"))
-            k, new_state["conv_k"] = self.k_conv(k, seq, state.get("conv_k"))
-            v, new_state["conv_v"] = self.v_conv(v, seq, state.get("conv_v"))
+            q, new_state.conv_q = self.q_conv(q, seq, past.conv_q)
+            k, new_state.conv_k = self.k_conv(k, seq, past.conv_k)
+            v, new_state.conv_v = self.v_conv(v, seq, past.conv_v)
         q = q.view(B, T, self.num_heads, self.head_k_dim)
         k = seq.zero_padding(k.view(B, T, self.num_heads, self.head_k_dim))
         v = seq.zero_padding(v.view(B, T, self.num_heads, self.head_v_dim))
         q, k = self.prepare_qk(q, k)
-        enc = self.positional(q, k, v, x, seq, state.get("positional"))
-        o, new_state["recurrent"] = self.mix(enc, x, seq, state.get("recurrent"), use_cache)
+        enc = self.positional(q, k, v, x, seq, past.positional)
+        o, new_state.recurrent = self.mix(enc, x, seq, past.recurrent, use_cache)
         o = self.o_norm(enc.restore(o))
         if self.silu_output_gate:
             o = o * F.silu(self.g_proj(x)).view(B, T, self.num_heads, self.head_v_dim)
         out = self.o_proj(o.reshape(B, T, -1))
-        new_state["positional"] = enc.state
+        new_state.positional = enc.state
         return out, (new_state if use_cache else None)
 
     @staticmethod

@@ -27,6 +27,7 @@ from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS, RotaryEmbeddin
 
 from rotarium.layers.conv import ShortConvolution
 from rotarium.layers.sequence import SequenceInfo
+from rotarium.layers.state import DecodingState, RotaryState, SelectiveRoPEState
 from rotarium.ops.convolution import ACTIVATIONS
 from rotarium.ops.cumsum import segment_cumsum
 from rotarium.ops.l2norm import head_l2norm_and_linear
@@ -222,7 +223,7 @@ class PositionalOutput:
     k: torch.Tensor
     v: torch.Tensor
     log_decay: torch.Tensor | None  # [B, T, H] float32, only where the layer adds a decay
-    state: dict
+    state: DecodingState | None  # to continue from; None for NoPE
     value_rotation: torch.Tensor | None = None  # RoVE: exp(i * angle) of each token's value pairs, complex64
 
     def restore(self, o: torch.Tensor) -> torch.Tensor:
@@ -311,7 +312,7 @@ class PositionalEncoding(nn.Module):
         return 0
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, x: torch.Tensor, seq: SequenceInfo,
-                state: dict | None) -> PositionalOutput:
+                state: DecodingState | None) -> PositionalOutput:
         """q ``[B, T, H, K]``, k ``[B, T, H_kv, K]``, v ``[B, T, H_kv, V]``, x the layer input ``[B, T, d]``."""
         raise NotImplementedError
 
@@ -324,8 +325,8 @@ class NoPE(PositionalEncoding):
     kind = "nope"
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, x: torch.Tensor, seq: SequenceInfo,
-                state: dict | None) -> PositionalOutput:
-        return PositionalOutput(q, k, v, None, {})
+                state: DecodingState | None) -> PositionalOutput:
+        return PositionalOutput(q, k, v, None, None)
 
 
 class RoPE(PositionalEncoding):
@@ -368,15 +369,15 @@ class RoPE(PositionalEncoding):
             return None
         return int(positions.max().item()) + 1
 
-    def positions(self, seq: SequenceInfo, state: dict | None) -> tuple[torch.Tensor, dict]:
+    def positions(self, seq: SequenceInfo, state: RotaryState | None) -> tuple[torch.Tensor, RotaryState]:
         """Each token's position ``[B or 1, T, 1, 1]`` float32, and the state holding the next position of each row.
 
         One row when every row has the same positions (no padding or offsets: training), so that the angles and
         their cosines are computed once and broadcast over the batch.
         """
-        offset = state.get("offset") if state else None
+        offset = state.offset if state is not None else None
         positions = seq.token_positions(offset)
-        new_state = {"offset": seq.next_offset(offset, positions)}
+        new_state = RotaryState(seq.next_offset(offset, positions))
         if positions.stride(0) == 0:  # an expanded row
             positions = positions[:1]
         return positions.float()[:, :, None, None], new_state
@@ -392,7 +393,7 @@ class RoPE(PositionalEncoding):
                                       torch.device(device))
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, x: torch.Tensor, seq: SequenceInfo,
-                state: dict | None) -> PositionalOutput:
+                state: RotaryState | None) -> PositionalOutput:
         positions, new_state = self.positions(seq, state)
         angles = positions * self.frequencies(self._rotary_dim, q.device, self.scaling_length(positions))
         q, k = rotate_half_pairs(angles, q, k, heads_major=self.mixer_spec.heads_major, scale=self._attention_factor)
@@ -422,7 +423,7 @@ class RoVE(RoPE):
             scaled_rope(scaling, mixer_spec.head_v_dim, settings.max_position_embeddings)
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, x: torch.Tensor, seq: SequenceInfo,
-                state: dict | None) -> PositionalOutput:
+                state: RotaryState | None) -> PositionalOutput:
         positions, new_state = self.positions(seq, state)
         seq_len = self.scaling_length(positions)
         qk_angles = positions * self.frequencies(self._rotary_dim, q.device, seq_len)
@@ -570,14 +571,13 @@ class SelectiveRoPE(PositionalEncoding):
         return seq.zero_padding(omega), log_decay, conv_state
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, x: torch.Tensor, seq: SequenceInfo,
-                state: dict | None) -> PositionalOutput:
-        state = state or {}
-        omega, log_decay, conv_state = self.angle_rates(x, seq, state.get("conv"))
+                state: SelectiveRoPEState | None) -> PositionalOutput:
+        omega, log_decay, conv_state = self.angle_rates(x, seq, None if state is None else state.conv)
         theta = segment_cumsum(omega, seq.cu_seqlens)
-        if state.get("theta") is not None:
-            theta = theta + state["theta"][:, None]
+        if state is not None:
+            theta = theta + state.theta[:, None]
         angles = theta * self.tau.float()
-        new_state = {"theta": theta[:, -1], "conv": conv_state}
+        new_state = SelectiveRoPEState(theta[:, -1], conv_state)
         heads_major = self.mixer_spec.heads_major
         if self.group == 1:
             q, k = rotate_half_pairs(angles, q, k, heads_major=heads_major)

@@ -1,10 +1,9 @@
 """The decoding cache: a transformers ``Cache`` of one :class:`RotariumCacheLayer` per block.
 
-A layer holds whatever its mixer needs to continue a sequence, as one state dict: recurrent states ``[B, H, K, V]``,
-short-convolution windows, the positional layer's offsets and cumulative angles, or the KV cache of a softmax
-mixer. Every tensor entry has the batch on dim 0, and an entry that is an object (the softmax mixers' KV cache)
-selects its rows with ``select_rows(index)``, so beam search, batch expansion and selection are one row gather
-for every family alike.
+A layer holds whatever its mixer needs to continue a sequence, as the mixer's typed state
+(:mod:`rotarium.layers.state`): recurrent states ``[B, H, K, V]``, short-convolution windows, the positional layer's
+offsets and cumulative angles, or the KV cache of a softmax mixer. Every state selects its batch rows with
+``select_rows(index)``, so beam search, batch expansion and selection are one row gather for every family alike.
 
 ``generate`` builds a :class:`RotariumCache` (the models' ``_prepare_cache_for_generation``); the model also
 takes transformers' own empty caches (``DynamicCache()``, ``DynamicCache(config=model.config)``) and fills them with
@@ -24,25 +23,7 @@ from typing import Any
 import torch
 from transformers.cache_utils import Cache, CacheLayerMixin, DynamicCache, DynamicLayer
 
-
-def _select_rows(value: Any, index: torch.Tensor) -> Any:
-    if isinstance(value, torch.Tensor):
-        return value.index_select(0, index.to(value.device))
-    if isinstance(value, dict):
-        return {k: _select_rows(v, index) for k, v in value.items()}
-    if hasattr(value, "select_rows"):
-        return value.select_rows(index)
-    return value
-
-
-def _resume_from(value: Any) -> None:
-    """Lets the state ``value``, taken back by a rollback, continue in place: a KV cache's later positions belonged
-    only to the states the rollback dropped."""
-    if isinstance(value, dict):
-        for v in value.values():
-            _resume_from(v)
-    elif hasattr(value, "release_later_positions"):
-        value.release_later_positions()
+from rotarium.layers.state import DecodingState
 
 
 class RotariumCacheLayer(CacheLayerMixin):
@@ -62,14 +43,14 @@ class RotariumCacheLayer(CacheLayerMixin):
         # not CacheLayerMixin's __init__: its key and value tensors stay None, and whether the layer holds anything
         # is a property of its state
         self.keys = self.values = None
-        self.state: dict | None = None
+        self.state: DecodingState | None = None
         self.length = 0
         self.built_for: dict[str, Any] | None = None
         self._num_rows: int | None = None
         self.record_past = False
         self.recurrent_states_to_keep = 0
         # (state, length) before each recorded forward or token, oldest first
-        self.history: list[tuple[dict | None, int]] = []
+        self.history: list[tuple[DecodingState | None, int]] = []
 
     def __repr__(self) -> str:
         return f"RotariumCacheLayer(length={self.length})"
@@ -83,7 +64,8 @@ class RotariumCacheLayer(CacheLayerMixin):
         """The batch size of the state held; -1 before the first step (transformers' convention)."""
         return -1 if self._num_rows is None else self._num_rows
 
-    def set_state(self, state: dict | None, num_tokens: int, built_for: dict[str, Any], batch_size: int) -> None:
+    def set_state(self, state: DecodingState | None, num_tokens: int, built_for: dict[str, Any],
+                  batch_size: int) -> None:
         """The state after ``num_tokens`` more tokens, written by a model with settings ``built_for``."""
         if self.record_past:  # kept until the next crop, as transformers' linear-attention layers keep theirs
             self.history.append((self.state, self.length))
@@ -159,13 +141,14 @@ class RotariumCacheLayer(CacheLayerMixin):
                     f"cache recorded the states {kept} tokens back (none without activate_past_recording()); call "
                     f"activate_past_recording(recurrent_states_to_keep={remove}) or more before the forward")
             self.state, self.length = earlier[-1], target
-            _resume_from(self.state)
+            if self.state is not None:
+                self.state.release_later_positions()
         self.history = []
 
     def _select(self, index: torch.Tensor) -> None:
         """Keeps the batch rows ``index`` (int64 ``[B']``, repeats allowed) of the state and the recorded ones."""
-        self.state = _select_rows(self.state, index)
-        self.history = [(_select_rows(s, index), n) for s, n in self.history]
+        self.state = _rows_of(self.state, index)
+        self.history = [(_rows_of(s, index), n) for s, n in self.history]
         self._num_rows = len(index)
 
     def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
@@ -180,6 +163,10 @@ class RotariumCacheLayer(CacheLayerMixin):
     def batch_select_indices(self, indices: torch.Tensor) -> None:
         if self._num_rows is not None:
             self._select(torch.arange(self._num_rows, device=indices.device)[indices])  # indices or a bool mask
+
+
+def _rows_of(state: DecodingState | None, index: torch.Tensor) -> DecodingState | None:
+    return None if state is None else state.select_rows(index)
 
 
 class RotariumCache(DynamicCache):

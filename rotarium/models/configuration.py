@@ -1,9 +1,11 @@
 """Configurations of the four families: the shared fields on :class:`RotariumConfig`, a family's own on its class.
 
 Every field is an argument of the ``__init__`` of the one class that defines it, typed and documented there (as
-transformers' configs do), so that ``help(GLAConfig)`` and editors show it. The fields of the model and of the
-positional layer belong to :class:`RotariumConfig`; a family class defines its mixer's options and its presets, and
-repeats a shared field only to change its default (``TransformerConfig.position_encoding``).
+transformers' configs do), so that ``help(GLAConfig)`` shows it. The model's fields belong to :class:`RotariumConfig`;
+the positional layer's are declared once, by :class:`rotarium.layers.PositionalSettings`, and :class:`RotariumConfig`
+takes them as keyword arguments whose signature and documentation are derived from that declaration. A family class
+defines its mixer's options and its presets, and repeats a shared field only to change its default
+(``TransformerConfig.position_encoding``).
 """
 from __future__ import annotations
 

@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from rotarium.layers import POSITION_ENCODINGS, SequenceInfo
+from rotarium.layers import MIXERS, POSITION_ENCODINGS, SequenceInfo, SoftmaxAttention
 from rotarium.layers.attention import KVCache
 from rotarium.models.cache import RotariumCache
 from rotarium.ops import backend as backend_module
@@ -16,7 +16,7 @@ from rotarium.ops.backend import count_dispatches
 from tests.asserts import assert_close
 from tests.layers.helpers import HIDDEN, make_mixer, run
 
-FAMILIES = ("fox", "transformer")
+FAMILIES = tuple(family for family, mixer in MIXERS.items() if issubclass(mixer, SoftmaxAttention))
 ATTENTION = [(f, p) for f in FAMILIES for p in POSITION_ENCODINGS]
 
 
@@ -99,10 +99,10 @@ def test_the_cache_appends_in_place_and_doubles_its_capacity():
     x = torch.randn(2, prefix + steps, HIDDEN)
     with torch.no_grad():
         _, state = run(mixer, x[:, :prefix], use_cache=True)
-        storage, capacity, moves = state["kv"].keys.data_ptr(), state["kv"].capacity, 0
+        storage, capacity, moves = state.kv.keys.data_ptr(), state.kv.capacity, 0
         for t in range(prefix, prefix + steps):
             _, state = run(mixer, x[:, t:t + 1], state, use_cache=True)
-            cache = state["kv"]
+            cache = state.kv
             if cache.keys.data_ptr() != storage:
                 moves += 1
                 assert cache.length > capacity, f"step {t}: moved though {cache.length} fit into {capacity}"
@@ -121,10 +121,10 @@ def test_reordering_keeps_the_spare_room():
         cache = RotariumCache(1)
         cache.layers[0].state = state
         cache.reorder_cache(torch.tensor([1, 1]))
-        reordered = cache.layers[0].state["kv"]
+        reordered = cache.layers[0].state.kv
         assert reordered.capacity == 8 and reordered.keys.shape[:2] == (2, 5)
         _, state = run(mixer, x[:, 5:6], cache.layers[0].state, use_cache=True)
-    assert state["kv"].keys.data_ptr() == reordered.keys.data_ptr()
+    assert state.kv.keys.data_ptr() == reordered.keys.data_ptr()
 
 
 def test_a_state_continued_twice_stays_valid():
@@ -138,7 +138,7 @@ def test_a_state_continued_twice_stays_valid():
         out, _ = run(mixer, x[:, 8:9], first, use_cache=True)
         full, _ = run(mixer, x[:, :9])
     assert_close(out, full[:, 8:9], atol=1e-5)
-    assert second["kv"].keys.data_ptr() != first["kv"].keys.data_ptr()
+    assert second.kv.keys.data_ptr() != first.kv.keys.data_ptr()
 
 
 @pytest.mark.parametrize("family", FAMILIES)
@@ -172,7 +172,7 @@ def test_training_forward_and_decoding_never_read_the_device(family, pe):
         for _ in range(3):
             y = torch.randn(2, 1, HIDDEN, device=meta)
             _, state = mixer(y, SequenceInfo.build(y), state, True)
-    assert state["kv"].length == 12
+    assert state.kv.length == 12
 
 
 def reference_inputs(B=3, Tk=11, HQ=4, H=2, K=8, V=6, decays=True):

@@ -111,7 +111,7 @@ def test_block_is_pre_norm_residual():
     out, state = block(h, seq, use_cache=True)
     mid = h + mixer(block.mixer_norm(h), seq)[0]
     assert torch.allclose(out, mid + block.mlp(block.mlp_norm(mid)), atol=1e-6)
-    assert state is not None and "recurrent" in state
+    assert state is not None and state.recurrent is not None
 
 
 def test_positions_count_real_tokens_and_restart_per_document():

@@ -6,6 +6,7 @@ import torch
 import torch.nn.functional as F
 
 from rotarium.layers import MixerSpec, PositionalSettings, SequenceInfo, build_mixer, build_positional
+from rotarium.layers.state import SelectiveRoPEState
 from rotarium.ops import chunk_gla
 from rotarium.ops.cumsum import segment_cumsum
 from tests.layers.helpers import FAMILIES, HIDDEN, make_mixer, run
@@ -140,7 +141,7 @@ def test_softmax_logits_depend_only_on_angle_differences():
     q, k, v = (torch.randn(B, T, H, K, dtype=torch.float64) for _ in range(3))
     seq = SequenceInfo.build(x)
     enc = layer(q, k, v, x, seq, None)
-    shifted = layer(q, k, v, x, seq, {"theta": torch.full((B, H, K // 2), 17.3, dtype=torch.float64)})
+    shifted = layer(q, k, v, x, seq, SelectiveRoPEState(torch.full((B, H, K // 2), 17.3, dtype=torch.float64), None))
     logits = torch.einsum("bihk,bjhk->bhij", enc.q, enc.k)
     assert (logits - torch.einsum("bihk,bjhk->bhij", shifted.q, shifted.k)).abs().max() <= 1e-5  # angles are float32
     # and explicitly: q_t^T R(theta_s - theta_t) k_s

@@ -107,10 +107,10 @@ def test_the_kv_cache_goes_on_in_place_after_a_rollback():
         cache = model(ids[:, :4]).cache
         cache.activate_past_recording(recurrent_states_to_keep=4)
         model(ids[:, 4:8], cache=cache)
-        storage = cache.layers[0].state["kv"].keys.data_ptr()
+        storage = cache.layers[0].state.kv.keys.data_ptr()
         cache.crop(-3)
         model(ids[:, 5:6], cache=cache)
-    assert cache.layers[0].state["kv"].keys.data_ptr() == storage
+    assert cache.layers[0].state.kv.keys.data_ptr() == storage
 
 
 @pytest.mark.parametrize("make", [DynamicCache, lambda config: DynamicCache(config=config)],

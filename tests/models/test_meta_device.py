@@ -15,7 +15,7 @@ import inspect
 import pytest
 import torch
 
-from rotarium.layers import SequenceInfo
+from rotarium.layers import LinearAttentionState, SequenceInfo
 from rotarium.models import FAMILY_MODELS
 from rotarium.ops import backend
 from rotarium.ops.backend import count_dispatches
@@ -126,11 +126,11 @@ def test_linear_mixers_train_through_a_state_with_the_chunked_kernel(family, fla
     mixer = model.model.layers[0].mixer
     x = torch.zeros(2, 3, model.config.hidden_size, device="meta", dtype=torch.bfloat16, requires_grad=True)
     key = mixer.head_k_dim
-    state = {"recurrent": torch.zeros(2, mixer.num_heads, key, mixer.head_v_dim, device="meta")}
+    state = LinearAttentionState(torch.zeros(2, mixer.num_heads, key, mixer.head_v_dim, device="meta"))
     with count_dispatches() as calls:
-        out, _ = mixer(x, SequenceInfo.build(x), dict(state), use_cache=True)
+        out, _ = mixer(x, SequenceInfo.build(x), state, use_cache=True)
         out.sum().backward()
     assert all(op.startswith("chunk_") for op, _ in calls), calls
     with count_dispatches() as calls, torch.no_grad():
-        mixer(x.detach(), SequenceInfo.build(x), dict(state), use_cache=True)
+        mixer(x.detach(), SequenceInfo.build(x), state, use_cache=True)
     assert all(op.startswith("fused_recurrent_") for op, _ in calls), calls

@@ -43,7 +43,7 @@ def test_renamed_methods_and_attributes_answer_with_a_warning():
     linear = build_mixer("deltanet", hidden_size=32, num_heads=2, positional=settings, use_output_gate=True)
     with pytest.warns(FutureWarning, match="`output_gate` is renamed `silu_output_gate`"):
         assert linear.output_gate is True
-    enc = PositionalOutput(*(torch.zeros(1, 1, 2, 16),) * 3, None, {})
+    enc = PositionalOutput(*(torch.zeros(1, 1, 2, 16),) * 3, None, None)
     with pytest.warns(FutureWarning, match="`decoding` is renamed `runs_step_wise`"):
         assert LinearAttentionMixer.decoding(None, enc) is False
 

@@ -55,7 +55,7 @@ def forgetting_attn_with_cache(
     padding mask: each row's real keys are gathered to the front of the row (in
     order, a copy of the cache) and its padded keys become a sequence of their own,
     whose output is dropped. Unpadded keys laid out time-major (``k.transpose(0, 1)``
-    contiguous, as :class:`rotarium.layers.attention.KVCache` keeps them) are read
+    contiguous, as :class:`rotarium.layers.state.KVCache` keeps them) are read
     where they lie, the batch folded into the heads.
 
     Returns:
