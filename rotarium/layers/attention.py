@@ -29,7 +29,9 @@ class SoftmaxAttention(nn.Module):
 
     The QK-norm is an RMSNorm over each head's features, with one weight shared by all heads (Llama-style models,
     fla's Transformer) or, with ``qk_norm_per_head``, a weight per head (fla's Forgetting Transformer, the FoX
-    paper's "Pro" models); ``qk_norm_eps`` (default ``norm_eps``) matches the epsilon of the model converted.
+    paper's "Pro" models); ``qk_norm_eps`` (default ``norm_eps``) matches the epsilon of the model converted. The
+    output gate (``output_gate``, the config key; ``sigmoid_output_gate`` on the module) multiplies each head's output
+    by ``sigmoid(W x)``, as FoX's; the linear mixers' gate is a SiLU.
 
     The layer's decoding state is an :class:`~rotarium.layers.state.AttentionState`: a :class:`KVCache` of the rotated
     keys and values (RoVE's values are stored rotated) and the positional layer's state.

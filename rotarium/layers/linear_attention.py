@@ -65,7 +65,9 @@ def head_sizes(hidden_size: int, num_heads: int, expand_k: float, expand_v: floa
 
 
 class LinearAttentionMixer(nn.Module):
-    """Skeleton shared by GLA and DeltaNet. Subclasses implement ``prepare_qk`` and ``mix``."""
+    """Skeleton shared by GLA and DeltaNet. Subclasses implement ``prepare_qk`` and ``mix``. ``silu_output_gate``
+    multiplies each head's normalised output by ``silu(W x)`` (always on in GLA, DeltaNet's ``use_output_gate``);
+    ``head_k_dim``, given, sizes the key heads (the configs' ``head_dim``)."""
 
     silu_output_gate: bool
 
