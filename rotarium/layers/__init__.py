@@ -11,6 +11,7 @@ from rotarium.layers.mlp import SwiGLU, default_intermediate_size
 from rotarium.layers.norm import HeadRMSNorm, RMSNorm
 from rotarium.layers.positional import (
     POSITION_ENCODINGS,
+    RENAMED,
     MixerSpec,
     PositionalEncoding,
     PositionalOutput,
@@ -39,7 +40,7 @@ MIXERS: dict[str, type[nn.Module]] = {
 
 
 # earlier names, kept with a warning (docs/design.md §6 lists the renames)
-__getattr__ = renamed_module_attributes(__name__, {"HeadDims": "MixerSpec", "Encoded": "PositionalOutput"}, globals())
+__getattr__ = renamed_module_attributes(__name__, RENAMED, globals())
 
 
 def build_mixer(family: str, **kwargs) -> nn.Module:

@@ -587,5 +587,6 @@ class SelectiveRoPE(PositionalEncoding):
         return PositionalOutput(q, k, v, log_decay, new_state)
 
 
-# earlier names, kept with a warning (docs/design.md §6 lists the renames)
-__getattr__ = renamed_module_attributes(__name__, {"HeadDims": "MixerSpec", "Encoded": "PositionalOutput"}, globals())
+# earlier names, kept with a warning (docs/design.md §6 lists the renames); rotarium.layers answers them too
+RENAMED = {"HeadDims": "MixerSpec", "Encoded": "PositionalOutput"}
+__getattr__ = renamed_module_attributes(__name__, RENAMED, globals())

@@ -1,10 +1,12 @@
 """`rotarium prepare` and the prepared-folder reader: what goes in comes back in order, the bytes depend on the
 source and the settings only (not on the processes or a kill), and bad input or a changed folder gets one line."""
+import contextlib
 import json
 import os
 import signal
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -145,6 +147,23 @@ class Killed(Exception):
     pass
 
 
+@contextlib.contextmanager
+def killed_after_first_shard(monkeypatch) -> Iterator[None]:
+    """Stops the prepare run inside the block once its first training shard is recorded, as a kill there would (the
+    block must end with :class:`Killed`), then lets later runs write their progress again."""
+    original = prepared._write_progress
+
+    def die_after_first_shard(out, record):
+        original(out, record)
+        if record["splits"]["train"]["shards"]:
+            raise Killed
+
+    monkeypatch.setattr(prepared, "_write_progress", die_after_first_shard)
+    with pytest.raises(Killed):
+        yield
+    monkeypatch.setattr(prepared, "_write_progress", original)
+
+
 @pytest.fixture(scope="module")
 def jsonl_source(tmp_path_factory) -> Path:
     """The 60 documents as JSON Lines, one document a row."""
@@ -165,22 +184,13 @@ def test_a_prepare_killed_after_its_first_shard_continues_to_the_same_bytes(
         uninterrupted = tmp_path / "uninterrupted"
         prepare(str(jsonl_source), uninterrupted, **settings)
     src = str(jsonl_source if streaming else source)
-    original = prepared._write_progress
-
-    def die_after_first_shard(out, record):
-        original(out, record)
-        if record["splits"]["train"]["shards"]:
-            raise Killed
-
-    monkeypatch.setattr(prepared, "_write_progress", die_after_first_shard)
     out = tmp_path / "out"
-    with pytest.raises(Killed):
+    with killed_after_first_shard(monkeypatch):
         prepare(src, out, **settings)
     progress = json.loads((out / prepared.PROGRESS).read_text())["splits"]
     assert len(progress["train"]["shards"]) == 1
     with pytest.raises(ValueError, match="did not finish.*rerun `rotarium prepare`"):
         PreparedCorpus(out)
-    monkeypatch.setattr(prepared, "_write_progress", original)
     prepare(src, out, **settings)
     assert folder_bytes(out) == folder_bytes(uninterrupted if streaming else reference)
     if streaming:
@@ -373,17 +383,8 @@ def test_max_tokens_cuts_at_the_first_document_reaching_it_and_a_killed_cut_prep
     assert metadata["settings"]["max_tokens"] == limit
     assert metadata["documents"] == cut.train.num_documents + cut.validation.num_documents
     # killed after its first shard and run again: the same bytes
-    original = prepared._write_progress
-
-    def die_after_first_shard(out, record):
-        original(out, record)
-        if record["splits"]["train"]["shards"]:
-            raise Killed
-
-    monkeypatch.setattr(prepared, "_write_progress", die_after_first_shard)
-    with pytest.raises(Killed):
+    with killed_after_first_shard(monkeypatch):
         prepare(str(jsonl_source), tmp_path / "again", num_proc=1, max_tokens=limit, **settings)
-    monkeypatch.setattr(prepared, "_write_progress", original)
     prepare(str(jsonl_source), tmp_path / "again", num_proc=1, max_tokens=limit, **settings)
     assert folder_bytes(tmp_path / "again") == folder_bytes(tmp_path / "cut")
     # another limit is another prepare
