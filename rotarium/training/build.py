@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from rotarium.data.batches import BatchSchedule, PackedSequences, pack_all, validation_batches
+from rotarium.data.config import DataSection
 from rotarium.data.documents import StreamShards, iter_documents, split_documents
 from rotarium.data.loader import BatchLoader, PreparedSequences
 from rotarium.data.prepared import PreparedCorpus, is_prepared, tokenizer_fingerprint
@@ -91,6 +92,7 @@ def open_prepared(config: Config) -> PreparedCorpus | None:
         raise ValueError(f"`data.source={d.source}` is a prepared folder, which is read through memory maps, not "
                          "streamed; drop `data.streaming`")
     corpus = PreparedCorpus(d.source)
+    check_split_settings(d, corpus)
     recorded = corpus.metadata["settings"].get("tokenizer")
     for key, name in (("tokenizer.name", config.tokenizer.name), ("--init-from", config.model.init_from)):
         if name is None or name == recorded or (Path(name).exists() and str(Path(name).absolute()) == recorded):
@@ -104,20 +106,30 @@ def open_prepared(config: Config) -> PreparedCorpus | None:
     return corpus
 
 
+def check_split_settings(d: DataSection, corpus: PreparedCorpus) -> None:
+    """A prepared folder holds its own validation split, decided when it was prepared: a ``data.validation_fraction``
+    other than the default and the folder's own would be ignored, so it is refused, naming the field."""
+    settings = corpus.metadata["settings"]
+    if d.validation_fraction in (DataSection.validation_fraction, settings.get("validation_fraction")):
+        return
+    made = (f"--validation-fraction {settings['validation_fraction']}" if settings.get("validation_fraction")
+            is not None else f"--validation-documents {settings.get('validation_documents')}")
+    raise ValueError(f"`data.validation_fraction={d.validation_fraction}` does not apply to the prepared folder "
+                     f"{d.source}: its validation split was set when it was prepared ({made}); drop "
+                     f"data.validation_fraction, or prepare the source again with --validation-fraction "
+                     f"{d.validation_fraction}")
+
+
 def prepare_tokenizer(config: Config, run_dir: Path, documents: list[str] | None, accelerator: Accelerator, *,
                       reuse: bool = False, prepared: PreparedCorpus | None = None) -> PreTrainedTokenizerBase:
     """The run's tokenizer: with ``reuse`` (a run continuing a checkpoint) the one saved in the run folder, else a
     ``prepared`` folder's (:func:`open_prepared`), else ``tokenizer.name``, else the ``init_from`` checkpoint's,
     else a BPE trained on the training documents by the main process. Without ``reuse`` a tokenizer in the folder
-    (one a run stopped before its first checkpoint left there, say) is replaced: it may stem from another
-    vocabulary size or other data."""
+    is replaced: it may stem from another vocabulary size or other data."""
     saved = run_dir / TOKENIZER
     found = (saved / "tokenizer_config.json").is_file()
     # Only the main process looks and writes; the others wait at the barrier whatever it finds.
     if accelerator.is_main_process and not (reuse and found):
-        if saved.exists():
-            logger.warning("%s is replaced by a tokenizer built from this run's config: the run starts from step 0, "
-                           "and only a run that continues a checkpoint reuses the folder's tokenizer", saved)
         name = config.tokenizer.name
         if name is None and config.model.init_from is not None:
             name = config.model.init_from

@@ -12,6 +12,8 @@ A run folder holds::
     data-order/                     a prepared folder's epoch orders when large (rotarium.data.batches.EpochOrder),
                                     memory-mapped by every process instead of held; a cache, rebuilt when missing
     .lock                           while a run holds the folder (:mod:`rotarium.training.lock`)
+    .replacing/                     while a run that starts from step 0 is set up: its new tokenizer, moved into
+                                    place once the run has its config, data and model
     previous/                       while an ``--overwrite`` run has no checkpoint yet: the run it replaces
     rewound-from-step-<N>/          what a ``--resume --allow-rewind`` replaced of a run that had reached step N:
                                     its final/, the checkpoints after the one resumed from, and copies of its
@@ -20,6 +22,12 @@ A run folder holds::
 A checkpoint is written into a hidden ``.<name>.tmp`` folder and renamed into place, and only folders with
 ``COMPLETE`` are resumed from, so a run killed while saving never leaves a checkpoint that ``--resume`` would pick
 up broken; ``checksums.json`` catches a file damaged after that (a full disk, a copy cut short).
+
+A run writes only into a folder that is new, empty (but for the lock and staging of a run killed before it wrote
+anything) or a run folder (:func:`is_run_folder`): any other folder, a prepared corpus given as ``--output-dir`` or a
+user's folder that happens to hold a ``tokenizer/``, is refused before the lock is taken (:func:`check_output_folder`),
+since ``--overwrite`` and a run's own files (``tokenizer/``, ``final/``...) would replace what is there. A run marks
+its folder as a run (``training_args.json``) before it moves anything else into it.
 """
 from __future__ import annotations
 
@@ -31,7 +39,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from rotarium.training.lock import RunLock
+from rotarium.training.lock import LOCK, RunLock
 from rotarium.training.metrics import append_record, plot_loss_curve, truncate_metrics
 from rotarium.utils.files import (
     file_sha256,
@@ -64,8 +72,35 @@ DATA_ORDER = "data-order"
 RUN_FILES = (CHECKPOINTS, FINAL, TOKENIZER, METRICS, TRAINING_ARGS, LOSS_CURVE, DATA_ORDER)
 
 
+# What only a run writes into its folder (training_args.json first), or an --overwrite sets aside: a folder with one
+# of them is a run folder.
+RUN_MARKERS = (TRAINING_ARGS, METRICS, CHECKPOINTS, FINAL, PREVIOUS)
+
+
 def holds_run(run_dir: Path) -> bool:
     return (run_dir / CHECKPOINTS).exists() or (run_dir / FINAL).exists()
+
+
+def is_run_folder(run_dir: Path) -> bool:
+    """Whether ``run_dir`` was written by a run (:data:`RUN_MARKERS`), with or without a checkpoint yet."""
+    return any((run_dir / name).exists() for name in RUN_MARKERS)
+
+
+def check_output_folder(run_dir: Path) -> None:
+    """Raises ``ValueError`` naming the folder and what works unless a run may write into ``run_dir``: it does not
+    exist, is empty (but for the lock and staging a run killed before it wrote anything leaves), or is a run folder
+    (:func:`is_run_folder`). Nothing is touched."""
+    if not run_dir.is_dir() or is_run_folder(run_dir):
+        return
+    others = sorted(p.name + ("/" if p.is_dir() else "") for p in run_dir.iterdir() if p.name not in (LOCK, REPLACING))
+    if not others:
+        return
+    held = ", ".join(others[:4]) + (f" and {len(others) - 4} more" if len(others) > 4 else "")
+    prepared = (" (a prepared corpus: give it as --data.source, not --output-dir)"
+                if (run_dir / "metadata.json").is_file() else "")
+    raise ValueError(f"--output-dir {run_dir} is not a run folder and not empty: it holds {held}{prepared}; a run "
+                     "writes only into a new or empty folder or into a run's own folder (--resume continues it, "
+                     "--overwrite replaces it), so choose another --output-dir")
 
 
 def clear_run(run_dir: Path) -> None:
@@ -403,16 +438,19 @@ class RunFolder:
         return self.path / DATA_ORDER
 
     def tokenizer_home(self, plan: FolderPlan) -> Path:
-        """Where the run's ``tokenizer/`` is read or written: an ``--overwrite`` keeps its own apart until the old
-        run is set aside (it must not reuse the old one's)."""
-        return self.path / REPLACING if plan.replacing else self.path
+        """Where the run's ``tokenizer/`` is read or written: a run that continues a checkpoint reads the folder's;
+        one that starts from step 0 writes its own apart (``.replacing/``) until :meth:`begin` (an ``--overwrite``
+        must not reuse the old run's, and a run stopped during its set-up leaves nothing in the folder)."""
+        return self.path if plan.checkpoint is not None else self.path / REPLACING
 
     def latest_good_checkpoint(self) -> Path | None:
         return latest_good_checkpoint(self.path)
 
     # -------------------------------------------------------------------------------------------- lock and plan
     def lock(self) -> None:
-        """Takes the folder's lock (:class:`~rotarium.training.lock.RunLock`), creating the folder if needed."""
+        """Takes the folder's lock (:class:`~rotarium.training.lock.RunLock`), creating the folder if needed; a
+        folder that is not one a run may write into is refused first (:func:`check_output_folder`)."""
+        check_output_folder(self.path)
         try:
             self._lock = RunLock(self.path)
         except OSError as error:  # a special or read-only file system that the permission bits do not show
@@ -439,10 +477,12 @@ class RunFolder:
             rewind_from = check_rewind(self.path, checkpoint, max_steps, named=resume_from is not None,
                                        allow=allow_rewind)
             if checkpoint is None:
+                shutil.rmtree(self.path / REPLACING, ignore_errors=True)  # what a run killed during its set-up staged
                 logger.warning("--resume: no complete checkpoint in %s%s; starting from step 0%s", self.path,
                                f" at or before step {max_steps}" if allow_rewind else "",
                                f" ({previous} holds the run an --overwrite set aside)" if previous.exists() else "")
             return FolderPlan(checkpoint=checkpoint, rewind_from=rewind_from)
+        shutil.rmtree(self.path / REPLACING, ignore_errors=True)  # what a run killed during its set-up staged
         if not holds_run(self.path):
             if previous.exists():
                 logger.warning("%s holds the run an earlier --overwrite set aside (that run was stopped before its "
@@ -454,20 +494,18 @@ class RunFolder:
         if previous.exists():
             raise ValueError(f"--overwrite: {previous} holds a run an earlier --overwrite set aside, and "
                              f"{self.path} holds another; delete one (or move {previous}'s files back) first")
-        shutil.rmtree(self.path / REPLACING, ignore_errors=True)  # what a killed --overwrite run had staged
         return FolderPlan(replacing=True)
 
     # --------------------------------------------------------------------------------------- begin and abandon
-    def begin(self, plan: FolderPlan, start_step: int) -> None:
-        """Once the run has its config, data and model: an ``--overwrite`` sets the old run aside in ``previous/``
-        and moves its own tokenizer in; an allowed rewind sets aside what it replaces (:func:`set_aside_rewound`)."""
+    def begin(self, plan: FolderPlan, start_step: int, training_args: dict[str, Any]) -> None:
+        """Once the run has its config, data and model: an ``--overwrite`` sets the old run aside in ``previous/``;
+        an allowed rewind sets aside what it replaces (:func:`set_aside_rewound`); the log starts
+        (:meth:`start_log`), which marks the folder as a run; then a run from step 0 moves its own tokenizer in."""
         if not self.main:
             return
         if plan.replacing:
             set_aside_run(self.path)
             self._previous_pending = True
-            os.replace(self.path / REPLACING / TOKENIZER, self.path / TOKENIZER)
-            (self.path / REPLACING).rmdir()
             logger.warning("--overwrite: the run in %s is moved to %s until this run writes its first checkpoint",
                            self.path, self.path / PREVIOUS)
         if plan.rewind_from is not None:
@@ -475,6 +513,15 @@ class RunFolder:
             logger.warning("--allow-rewind: the run goes back from step %d to step %d; its final model, later "
                            "checkpoints and metrics up to step %d are kept in %s", plan.rewind_from, start_step,
                            plan.rewind_from, aside)
+        self.start_log(start_step, training_args)
+        staged = self.tokenizer_home(plan) / TOKENIZER
+        if plan.checkpoint is None and staged.is_dir():
+            if (self.path / TOKENIZER).exists():
+                logger.warning("%s is replaced by a tokenizer built from this run's config: the run starts from step "
+                               "0, and only a run that continues a checkpoint reuses the folder's tokenizer",
+                               self.path / TOKENIZER)
+            replace_folder(staged, self.path / TOKENIZER)
+            shutil.rmtree(self.tokenizer_home(plan), ignore_errors=True)
 
     def abandon(self) -> None:
         """The run stopped with an error: while it has no checkpoint, the run it was replacing comes back, and what
@@ -489,12 +536,12 @@ class RunFolder:
 
     # ----------------------------------------------------------------------------------------------- metrics
     def start_log(self, start_step: int, training_args: dict[str, Any]) -> None:
-        """``metrics.jsonl`` cut back to ``start_step`` (what a killed run logged after its checkpoint goes) and
-        ``training_args.json`` written."""
+        """``training_args.json`` written and ``metrics.jsonl`` cut back to ``start_step`` (what a killed run logged
+        after its checkpoint goes)."""
         if self.main:
             self.path.mkdir(parents=True, exist_ok=True)
-            truncate_metrics(self.metrics, start_step)
             write_json_atomic(self.path / TRAINING_ARGS, training_args)
+            truncate_metrics(self.metrics, start_step)
 
     def log(self, record: dict[str, Any]) -> None:
         if self.main:

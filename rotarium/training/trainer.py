@@ -208,7 +208,7 @@ class Trainer:
         self.model, self.optimizer = acc.prepare(model, build_optimizer(model, config.optim))
         if self.resume_from is not None:
             acc.load_state(str(self.resume_from / ACCELERATE_STATE))
-        self.folder.begin(plan, self.start_step)
+        self.folder.begin(plan, self.start_step, self.training_args())
         acc.wait_for_everyone()
         if t.report_to:
             acc.init_trackers("rotarium", config=self._flat_config())
@@ -248,8 +248,6 @@ class Trainer:
         from tqdm.auto import tqdm
 
         acc, t = self.accelerator, self.config.train
-        self.folder.start_log(self.start_step, self.training_args())
-        acc.wait_for_everyone()
         if self.start_step == 0:
             self._log({"step": 0, "event": "start", "world_size": acc.num_processes,
                        "first_batch_fingerprints": self._fingerprints(), "flops_per_token": self.flops_per_token,

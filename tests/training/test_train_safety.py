@@ -188,7 +188,8 @@ def test_a_fresh_run_builds_its_own_tokenizer(folder, results):
     assert json.loads((run / "final" / "config.json").read_text())["vocab_size"] == 320
     assert len(AutoTokenizer.from_pretrained(run / "tokenizer")) == 320
     assert json.loads((run / "training_args.json").read_text())["tokenizer.vocab_size"] == 320
-    assert "tokenizer is replaced by a tokenizer built from this run's config" in err
+    # the failed run staged its tokenizer apart and took it away as it stopped: nothing of it was left to replace
+    assert "is replaced by a tokenizer built from this run's config" not in err
 
 
 @pytest.mark.parametrize("overrides, key", [
