@@ -210,6 +210,18 @@ def test_num_workers_is_checked():
     assert load_config(None, {"data.num_workers": "0"}).data.num_workers == 0
 
 
+def test_a_validation_fraction_the_folder_was_not_prepared_with_is_refused_by_name(folder, tmp_path, capsys):
+    from rotarium.cli import main
+
+    code = main(["train", "--output-dir", str(tmp_path / "run"), *cli_args(folder, data__validation_fraction=0.3)])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1, err
+    assert err[0].startswith("rotarium train: error: `data.validation_fraction=0.3` does not apply to the prepared "
+                             f"folder {folder}: its validation split was set when it was prepared "
+                             f"(--validation-fraction {FRACTION})"), err[0]
+    assert not (tmp_path / "run").exists()
+
+
 # ------------------------------------------------------------------------------------------------------- runs
 RUN = {"train__max_steps": 3, "train__save_every": 2, "train__eval_every": 3}
 
