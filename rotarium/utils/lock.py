@@ -4,9 +4,11 @@ its OUT), so that two never write into one folder.
 The lock is an OS file lock (``flock``) on ``<folder>/.lock``: the operating system releases it when the process ends
 in any way, a SIGKILL or a crash included, so a dead process never leaves a lock that holds. The file also records
 the holder (host, PID, start time) for the message a second one stops with; the holder deletes it when it lets go,
-and a file left by a killed process is simply taken over. On a file system without file locks (a Lustre or NFS mount
-without them) the file alone is the lock: it holds while its PID is alive on this host (or, for another host,
-until someone deletes it), so a stale one is recognised by its PID and host.
+and a file left by a killed process is simply taken over. The recorded holder is the one that counts: the processes
+it forks (DataLoader workers) inherit the locked descriptor and may outlive a SIGKILL by a few seconds, so a lock
+whose recorded holder on this host is dead is stale even while they hold it, and is replaced. On a file system
+without file locks (a Lustre or NFS mount without them) the file alone is the lock: it holds while its PID is alive
+on this host (or, for another host, until someone deletes it), so a stale one is recognised by its PID and host.
 """
 from __future__ import annotations
 
@@ -65,6 +67,12 @@ class FolderLock:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
                 holder = _read_holder(fd)
+                if holder.get("host") == socket.gethostname() and not _alive(holder):
+                    # the holder is dead, and only processes it forked hold the lock (DataLoader or pool workers,
+                    # which inherited the descriptor and outlive it for a moment): that file goes, a new one is locked
+                    _unlink_if_same(self.path, fd)
+                    os.close(fd)
+                    continue
                 os.close(fd)
                 raise FolderLocked(f"{self.flag} {self.folder} is in use by another {self.user}: {_describe(holder)}; "
                                    f"wait for it to end or choose another {self.flag} (the lock is {self.path}, "
@@ -115,6 +123,15 @@ def _alive(holder: dict[str, Any]) -> bool:
     except (PermissionError, KeyError, TypeError, ValueError):
         return True
     return True
+
+
+def _unlink_if_same(path: Path, fd: int) -> None:
+    """Deletes ``path`` when it is still the file open as ``fd`` (another process may have replaced it meanwhile)."""
+    try:
+        if os.stat(path).st_ino == os.fstat(fd).st_ino:
+            path.unlink()
+    except FileNotFoundError:
+        pass
 
 
 def _read_holder(fd: int) -> dict[str, Any]:

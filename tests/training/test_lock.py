@@ -115,3 +115,40 @@ def test_without_file_locks_the_holder_pid_and_host_decide(tmp_path, monkeypatch
     lock.release()
     (tmp_path / "dead").mkdir()
     test_a_lock_left_by_a_dead_process_is_taken_over(tmp_path / "dead")
+
+
+def _dead_pid() -> int:
+    pid = os.fork()
+    if pid == 0:
+        os._exit(0)
+    os.waitpid(pid, 0)
+    return pid
+
+
+def test_a_lock_held_only_by_the_orphans_of_a_dead_run_is_taken_over(tmp_path):
+    """A killed run's DataLoader workers live on for a few seconds holding the lock's descriptor, which they
+    inherited: the recorded holder (the run's main process) is dead, so the lock is stale."""
+    import fcntl
+
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    orphan = os.open(run_dir / LOCK, os.O_RDWR | os.O_CREAT)  # the descriptor a worker inherited, still locked
+    fcntl.flock(orphan, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    os.write(orphan, f'{{"host": "{socket.gethostname()}", "pid": {_dead_pid()}, "started": "x"}}\n'.encode())
+    try:
+        lock = RunLock(run_dir)
+        assert lock.holder["pid"] == os.getpid()
+        with pytest.raises(RunLocked, match=f"PID {os.getpid()} "):  # and the new lock holds
+            RunLock(run_dir)
+        lock.release()
+    finally:
+        os.close(orphan)
+    # a live holder's lock is still refused
+    live = os.open(run_dir / LOCK, os.O_RDWR | os.O_CREAT)
+    fcntl.flock(live, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    os.write(live, f'{{"host": "{socket.gethostname()}", "pid": {os.getppid()}, "started": "x"}}\n'.encode())
+    try:
+        with pytest.raises(RunLocked, match=f"PID {os.getppid()} "):
+            RunLock(run_dir)
+    finally:
+        os.close(live)
