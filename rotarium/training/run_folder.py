@@ -563,6 +563,11 @@ class RunFolder:
             staged.mkdir(parents=True)
         return staged
 
+    def discard(self, staged: Path) -> None:
+        """Removes a staging folder that will not be published (its writing failed)."""
+        if self.main:
+            shutil.rmtree(staged, ignore_errors=True)
+
     def publish(self, staged: Path, target: Path, *, step: int | None = None, state: dict[str, Any] | None = None,
                 keep: int = 1) -> None:
         """Puts the written ``staged`` folder in place as ``target``: a checkpoint of ``step`` first gets its

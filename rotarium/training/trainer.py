@@ -22,6 +22,7 @@ interval; :meth:`~Trainer.finish` saves the final model and plots the loss curve
 from __future__ import annotations
 
 import contextlib
+import errno
 import functools
 import json
 import logging
@@ -478,17 +479,34 @@ class Trainer:
         acc = self.accelerator
         staged = self.folder.stage(target)
         acc.wait_for_everyone()
-        if step is not None:
-            acc.save_state(str(staged / ACCELERATE_STATE))
-            self.state["data"] = self._data_position(step)
-        self._save_model(staged)
-        acc.wait_for_everyone()
-        # on every process, so that their guards agree; before the state is saved, as it resets the counters
-        verdict = self.guard.checkpoint_verdict() if step is not None else {}
-        self.folder.publish(staged, target, step=step, state={**self.state, **verdict},
-                            keep=self.config.train.keep_checkpoints)
+        try:
+            if step is not None:
+                acc.save_state(str(staged / ACCELERATE_STATE))
+                self.state["data"] = self._data_position(step)
+            self._save_model(staged)
+            acc.wait_for_everyone()
+            # on every process, so that their guards agree; before the state is saved, as it resets the counters
+            verdict = self.guard.checkpoint_verdict() if step is not None else {}
+            self.folder.publish(staged, target, step=step, state={**self.state, **verdict},
+                                keep=self.config.train.keep_checkpoints)
+        except (OSError, RuntimeError) as error:
+            if not _disk_full(error):
+                raise
+            self.folder.discard(staged)  # frees what it took; the folders published before it are untouched
+            why = " ".join(str(error).split())
+            raise OSError(errno.ENOSPC, f"no space left on the device to write {target} ({why}); the checkpoints "
+                          "before it are whole: free space and resume with --resume") from error
         acc.wait_for_everyone()
         return target
+
+
+def _disk_full(error: BaseException) -> bool:
+    """Whether ``error`` says the disk is full: an ``OSError`` ENOSPC or EDQUOT, or torch's writer failing (its
+    ``RuntimeError`` carries no errno, only the message of the failed write)."""
+    if isinstance(error, OSError):
+        return error.errno in (errno.ENOSPC, errno.EDQUOT)
+    message = str(error)
+    return "No space left" in message or "file write failed" in message
 
 
 def _flops(value: float) -> str:
