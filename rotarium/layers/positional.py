@@ -32,6 +32,7 @@ from rotarium.ops.convolution import ACTIVATIONS
 from rotarium.ops.cumsum import segment_cumsum
 from rotarium.ops.l2norm import head_l2norm_and_linear
 from rotarium.ops.rotary import rotate_adjacent_pairs, rotate_half_pairs
+from rotarium.ops.utils import plain_linear
 from rotarium.utils.deprecation import renamed_module_attributes
 
 POSITION_ENCODINGS = ("nope", "rope", "rove", "selective_rope")
@@ -552,9 +553,12 @@ class SelectiveRoPE(PositionalEncoding):
         """From the layer input x ``[B, T, d]``: ``omega`` ``[B, T, H_kv, K/2]`` float32, the log decay the layer adds
         ``[B, T, H]`` float32 (None where it adds none), both zero on padding, and the new convolution window."""
         B, T, _ = x.shape
-        decay = (self.decay_proj.weight, self.decay_proj.bias) if self._adds_decay else (None, None)
-        # one read of x for the angles' input and the decay's logits, with one backward
-        xh, decay_logits = head_l2norm_and_linear(x, self.heads, *decay)
+        if self._adds_decay and plain_linear(self.decay_proj):
+            # one read of x for the angles' input and the decay's logits, with one backward
+            xh, decay_logits = head_l2norm_and_linear(x, self.heads, self.decay_proj.weight, self.decay_proj.bias)
+        else:  # no decay, or a projection that must be called (an adapter, hooks: see plain_linear)
+            xh, _ = head_l2norm_and_linear(x, self.heads)
+            decay_logits = self.decay_proj(x) if self._adds_decay else None
         log_decay = None if decay_logits is None else seq.zero_padding(F.logsigmoid(decay_logits.float()))
         if self.settings.selective_rope_rank is not None:
             phi = self.phi_up(self.phi_down(xh.reshape(B, T, -1)))

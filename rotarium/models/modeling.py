@@ -32,7 +32,7 @@ from rotarium.models.configuration import (
     TransformerConfig,
 )
 from rotarium.ops.linear_cross_entropy import fused_linear_cross_entropy_loss
-from rotarium.ops.utils import checks_values
+from rotarium.ops.utils import checks_values, plain_linear
 
 try:  # transformers >= 5: init functions that skip tensors already loaded from a checkpoint
     from transformers import initialization as init
@@ -378,8 +378,10 @@ class RotariumForCausalLM(RotariumPreTrainedModel, GenerationMixin):
 
         With labels, the loss goes through the output projection a chunk of tokens at a time
         (:func:`rotarium.ops.fused_linear_cross_entropy_loss`), so the ``[tokens, vocab]`` logits and their gradient
-        never exist, and ``logits`` is None; ``return_logits=True`` computes the full logits as well, and the loss
-        from them. Without labels the logits are returned (the last ``logits_to_keep`` positions, or all).
+        never exist, and ``logits`` is None; a head that is not a plain ``nn.Linear`` (a PEFT adapter, hooks:
+        :func:`rotarium.ops.utils.plain_linear`) is called instead, and its whole logits give the loss.
+        ``return_logits=True`` computes the full logits as well, and the loss from them. Without labels the logits
+        are returned (the last ``logits_to_keep`` positions, or all).
         """
         return_dict = return_dict if return_dict is not None else self.config.return_dict
         boundaries = document_boundaries(cu_seqlens, cu_seq_lens_q, cu_seq_lens_k)
@@ -417,8 +419,12 @@ class RotariumForCausalLM(RotariumPreTrainedModel, GenerationMixin):
                      shift_labels: torch.Tensor | None = None) -> torch.Tensor:
         """transformers' causal-LM loss (``ForCausalLMLoss``: position t predicts label t + 1, or ``shift_labels[t]``
         when given; the mean over scored tokens, or the sum over ``num_items_in_batch``) from the final hidden
-        states ``[B, T, d]``, without the full logits."""
+        states ``[B, T, d]``, without the full logits where ``lm_head`` is a plain ``nn.Linear``."""
         targets = F.pad(labels[:, 1:], (0, 1), value=IGNORE_INDEX) if shift_labels is None else shift_labels
+        if not plain_linear(self.lm_head):
+            # a head the loss must call (a PEFT adapter, a quantised layer, hooks): its logits, whole, give the loss
+            return self.loss_function(logits=self.lm_head(hidden_states), labels=targets, shift_labels=targets,
+                                      vocab_size=self.config.vocab_size, num_items_in_batch=num_items_in_batch)
         loss = fused_linear_cross_entropy_loss(
             hidden_states.reshape(-1, hidden_states.shape[-1]), targets.reshape(-1).to(hidden_states.device),
             self.lm_head.weight, self.lm_head.bias, ignore_index=IGNORE_INDEX,

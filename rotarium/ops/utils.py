@@ -1,4 +1,5 @@
-"""Input validation, packing and chunk layouts shared by every op.
+"""Input validation, packing and chunk layouts shared by every op, and when a fused op may read a layer's weights
+(:func:`plain_linear`).
 
 Validation happens here, at the op boundary, so that a wrong shape or a bad
 ``cu_seqlens`` fails with a message naming the argument instead of an opaque
@@ -12,6 +13,8 @@ import os
 from collections.abc import Callable, Iterator, Sequence
 
 import torch
+from torch import nn
+from torch.nn.modules import module as _module
 
 # Value checks (positive log decays, cu_seqlens contents) read tensor values. On CPU that is free; on CUDA each read
 # is a host-device synchronisation that stalls the launch queue, so there they are off unless asked for:
@@ -27,6 +30,26 @@ def checks_values(x: torch.Tensor) -> bool:
     if _VALUE_CHECKS_ENV == "1":
         return x.device.type != "meta"
     return x.device.type == "cpu"
+
+
+# The hooks of every module call (torch.nn.modules.module's register_module_forward_hook and its kin)
+_GLOBAL_HOOKS = ("_global_forward_hooks", "_global_forward_pre_hooks", "_global_backward_hooks",
+                 "_global_backward_pre_hooks")
+
+
+def plain_linear(module: nn.Module) -> bool:
+    """Whether a fused op may read ``module``'s ``weight`` and ``bias`` in place of calling it: it is exactly an
+    ``nn.Linear`` (not a PEFT LoRA layer, a quantised linear or a parametrised one), its tensors are plain, and
+    nothing would run around its call (hooks of its own or of every module, a replaced ``forward`` such as
+    accelerate's). Anything else changes what the module computes, so the caller must call it."""
+    if type(module) is not nn.Linear or "forward" in vars(module):
+        return False
+    if any((module._forward_hooks, module._forward_pre_hooks, module._backward_hooks, module._backward_pre_hooks)):
+        return False
+    if any(getattr(_module, name, None) for name in _GLOBAL_HOOKS):
+        return False
+    return all(type(tensor) in (torch.Tensor, nn.Parameter) for tensor in (module.weight, module.bias)
+               if tensor is not None)
 
 
 def float32_internals(fn: Callable) -> Callable:

@@ -1,0 +1,90 @@
+"""PEFT adapters are never bypassed: every fused path that reads a module's parameters (Selective RoPE's decay
+projection, the chunked LM loss through ``lm_head``) calls the module instead when it is not the plain layer it
+expects, so a LoRA adapter on any linear layer trains and its initialisation keeps the model's outputs."""
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from peft import LoraConfig, get_peft_model
+
+from tests.models.helpers import COMBINATIONS, VOCAB, one_option_each, tiny_model
+
+# r no larger than the narrowest projection (one output per head), which OLoRA's decomposition needs
+RANK = 4
+# One option per family runs in the fast lane: Selective RoPE where it adds a decay projection of its own (on the
+# mixers without a decay); every other combination is marked slow (about a second each).
+FAST = one_option_each({"gla": "rove", "fox": "nope", "deltanet": "selective_rope", "transformer": "selective_rope"})
+MATRIX = [pytest.param(*case, marks=() if case in FAST else pytest.mark.slow) for case in COMBINATIONS]
+
+
+def ids(batch: int = 2, length: int = 12) -> torch.Tensor:
+    return torch.randint(2, VOCAB, (batch, length), generator=torch.Generator().manual_seed(1))
+
+
+def adapters(model: torch.nn.Module) -> dict[str, torch.nn.Parameter]:
+    found = {name: p for name, p in model.named_parameters() if "lora_A" in name or "lora_B" in name}
+    assert found, "no adapter was attached"
+    return found
+
+
+@pytest.mark.parametrize(("family", "option"), MATRIX)
+def test_lora_on_every_linear_layer_gets_a_gradient_in_every_adapter(family, option):
+    # init_lora_weights=False: B starts random, so that both A and B of a used adapter get a gradient
+    model = get_peft_model(tiny_model(family, option).train(), LoraConfig(
+        r=RANK, lora_alpha=RANK, target_modules="all-linear", init_lora_weights=False))
+    x = ids()
+    model(input_ids=x, labels=x).loss.backward()
+    untrained = [name for name, p in adapters(model).items() if p.grad is None or not p.grad.abs().sum() > 0]
+    assert not untrained
+
+
+@pytest.mark.parametrize(("family", "option"), MATRIX)
+def test_an_olora_initialisation_leaves_the_logits_unchanged(family, option):
+    """OLoRA moves part of each targeted weight into its adapter: the model computes the same function only if
+    every adapted layer is called as a module."""
+    model = tiny_model(family, option)
+    x = ids()
+    with torch.no_grad():
+        expected = model(x).logits
+        adapted = get_peft_model(model, LoraConfig(r=RANK, lora_alpha=RANK, target_modules="all-linear",
+                                                   init_lora_weights="olora"))
+        got = adapted(input_ids=x).logits
+    scale = expected.abs().max().item()
+    torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-4 * scale)
+
+
+@pytest.mark.parametrize(("family", "option"), MATRIX)
+def test_lora_on_lm_head_alone_trains_with_labels_and_scores_its_own_logits(family, option):
+    model = get_peft_model(tiny_model(family, option), LoraConfig(
+        r=RANK, lora_alpha=RANK, target_modules=["lm_head"], init_lora_weights=False))
+    x = ids()
+    loss = model(input_ids=x, labels=x).loss
+    with torch.no_grad():
+        logits = model(input_ids=x).logits
+    expected = F.cross_entropy(logits[:, :-1].reshape(-1, VOCAB).float(), x[:, 1:].reshape(-1))
+    torch.testing.assert_close(loss.detach(), expected)
+    loss.backward()
+    assert all(p.grad is not None and p.grad.abs().sum() > 0 for p in adapters(model).values())
+
+
+def test_hooks_on_the_layers_a_fused_path_reads_run():
+    """Not only adapters: a forward hook on the LM head or on Selective RoPE's decay projection changes what the
+    layer computes, and the fused paths honour it by calling the layer."""
+    model = tiny_model("transformer", "selective_rope")
+    x = ids()
+    with torch.no_grad():
+        before = model(input_ids=x, labels=x).loss
+        handles = [model.lm_head.register_forward_hook(lambda m, a, out: 2 * out)]
+        logits = model(input_ids=x).logits
+        loss = model(input_ids=x, labels=x).loss
+        torch.testing.assert_close(loss, F.cross_entropy(logits[:, :-1].reshape(-1, VOCAB), x[:, 1:].reshape(-1)))
+        assert not torch.allclose(loss, before)
+        handles[0].remove()
+        calls = []
+        for block in model.model.layers:
+            handles.append(block.mixer.positional.decay_proj.register_forward_hook(lambda *_: calls.append(1)))
+        model(input_ids=x)
+    assert len(calls) == len(model.model.layers)
+    for handle in handles:
+        handle.remove()
