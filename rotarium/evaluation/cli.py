@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from rotarium.evaluation.outputs import check_result_paths
 from rotarium.utils.argtypes import int_list
 from rotarium.utils.devices import check_device
 from rotarium.utils.files import check_writable_folder, refuse_link
@@ -16,17 +17,18 @@ if TYPE_CHECKING:
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 
 
-def load_for(args: argparse.Namespace) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+def load_for(args: argparse.Namespace, rope_parameters: dict | None = None
+             ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     """``(model, tokenizer)`` on ``--device`` in ``--dtype``: "auto" is bfloat16 on CUDA, where fla's kernels
-    (the delta rule's, in particular, which refuse float32) serve it, and float32 elsewhere."""
+    (the delta rule's, in particular, which refuse float32) serve it, and float32 elsewhere. ``rope_parameters``:
+    ``--rope-scaling`` as :func:`check_rope_scaling` returns it, applied at load."""
     import torch
 
     from rotarium.evaluation.generate import load_checkpoint
 
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")  # checked where the command starts
     name = args.dtype if args.dtype != "auto" else ("bfloat16" if torch.device(device).type == "cuda" else "float32")
-    scaling = getattr(args, "rope_scaling", None)
-    overrides = {"rope_parameters": check_rope_scaling(args.model, scaling)} if scaling else {}
+    overrides = {"rope_parameters": rope_parameters} if rope_parameters is not None else {}
     return load_checkpoint(args.model, device=device, dtype=getattr(torch, name), **overrides)
 
 
@@ -59,9 +61,33 @@ def check_rope_scaling(model: str, text: str) -> dict:
     return scaling
 
 
+# the flags that one evaluation reads: flag -> (its attribute, the evaluation)
+ONE_EVALUATION_FLAGS = {"--data": ("data", "perplexity"), "--max-tokens": ("max_tokens", "perplexity"),
+                        "--samples": ("samples", "--ruler"), "--seed": ("seed", "--ruler"),
+                        "--ruler-words": ("ruler_words", "--ruler"),
+                        "--num-fewshot": ("num_fewshot", "--tasks"), "--include-path": ("include_path", "--tasks")}
+
+
+def check_flags(args: argparse.Namespace) -> None:
+    """Raises ``ValueError`` naming the flag when one is given that the evaluation asked for would ignore."""
+    running = {"--ruler": args.ruler is not None, "--tasks": args.tasks is not None}
+    running["perplexity"] = not any(running.values())
+    for flag, (attribute, evaluation) in ONE_EVALUATION_FLAGS.items():
+        if getattr(args, attribute) is None or running[evaluation]:
+            continue
+        if evaluation == "perplexity":
+            raise ValueError(f"{flag} applies to perplexity only, which --ruler and --tasks replace (they bring their "
+                             f"own texts); leave {flag} out")
+        raise ValueError(f"{flag} applies to {evaluation} only, which this command does not run; add {evaluation} "
+                         f"TASKS or leave {flag} out")
+
+
 def run_eval(args: argparse.Namespace) -> int:
     from rotarium.evaluation.generate import check_model_path
     from rotarium.evaluation.perplexity import (
+        MAX_TOKENS,
+        RESULT_FILES,
+        check_settings,
         evaluation_documents,
         evaluation_tokens,
         format_table,
@@ -69,6 +95,7 @@ def run_eval(args: argparse.Namespace) -> int:
         save_results,
     )
 
+    check_flags(args)
     check_model_path(args.model)
     local = Path(args.model).exists()
     output = Path(args.output_dir) if args.output_dir else (Path(args.model) / "eval" if local else Path("eval"))
@@ -77,49 +104,60 @@ def run_eval(args: argparse.Namespace) -> int:
     refuse_link(output, what)
     if args.device:
         check_device(args.device)
-    if args.ruler or args.tasks:
-        return run_benchmarks(args, output)
-    documents, description = evaluation_documents(args.data, args.model if local else None)
-    model, tokenizer = load_for(args)
+    scaling = check_rope_scaling(args.model, args.rope_scaling) if args.rope_scaling is not None else None
+    if args.ruler is not None or args.tasks is not None:
+        return run_benchmarks(args, output, what, scaling)
+    max_tokens = MAX_TOKENS if args.max_tokens is None else args.max_tokens
+    check_settings(max_tokens, args.batch_size)
+    check_result_paths(output, RESULT_FILES, scaling, what)
+    documents, description = evaluation_documents("validation" if args.data is None else args.data,
+                                                  args.model if local else None)
+    model, tokenizer = load_for(args, scaling)
     train_length = getattr(model.config, "max_position_embeddings", None)
     lengths = args.context_lengths or sorted({max(2, train_length // 2 if train_length else 64), *(
         (train_length * m for m in (1, 2, 4)) if train_length else (128, 256, 512))})
-    tokens = evaluation_tokens(documents, tokenizer, max(args.max_tokens, *lengths))
-    rows = perplexity_by_context(model, tokens, lengths, max_tokens=args.max_tokens, batch_size=args.batch_size)
-    scaled = f" with RoPE scaling {args.rope_scaling}" if args.rope_scaling else ""
+    tokens = evaluation_tokens(documents, tokenizer, max(max_tokens, *lengths))
+    rows = perplexity_by_context(model, tokens, lengths, max_tokens=max_tokens, batch_size=args.batch_size)
+    scaled = f" with RoPE scaling {json.dumps(scaling)}" if scaling is not None else ""
     print(f"{args.model}{scaled} on {description} ({tokens.numel()} tokens):")
     print(format_table(rows, train_length))
     table, plot = save_results(rows, output, title=f"{Path(args.model).name}{scaled}: perplexity on {description}",
-                               train_length=train_length)
+                               train_length=train_length, rope_scaling=scaling)
     print(f"wrote {table} and {plot}")
     return 0
 
 
-def run_benchmarks(args: argparse.Namespace, output: Path) -> int:
-    """``--ruler`` and ``--tasks`` (in place of perplexity): their settings are checked before the model loads, once,
-    through :func:`load_for`."""
+def run_benchmarks(args: argparse.Namespace, output: Path, what: str, scaling: dict | None) -> int:
+    """``--ruler`` and ``--tasks`` (in place of perplexity): their settings and where their results go are checked
+    before the model loads, once, through :func:`load_for`."""
     from rotarium.evaluation import downstream, ruler
 
-    ruler_tasks = ruler.parse_tasks(args.ruler) if args.ruler else []
+    ruler_tasks = ruler.parse_tasks(args.ruler) if args.ruler is not None else []
+    samples = ruler.SAMPLES if args.samples is None else args.samples
+    seed = ruler.SEED if args.seed is None else args.seed
     if ruler_tasks:
-        ruler.check_settings(args.samples, args.batch_size)
-    words = ruler.load_words(args.ruler_words) if ruler_tasks else None
+        ruler.check_settings(samples, args.batch_size)
+        check_result_paths(output, ruler.RESULT_FILES, scaling, what)
+    words = None if not ruler_tasks else ruler.load_words() if args.ruler_words is None else ruler.load_words(
+        args.ruler_words)
     lm_tasks, manager = [], None
-    if args.tasks:
+    if args.tasks is not None:
         downstream.require_lm_eval()
         downstream.check_settings(args.batch_size, args.num_fewshot)
         lm_tasks = downstream.expand_tasks(args.tasks)
+        check_result_paths(output, downstream.RESULT_FILES, scaling, what)
         # lm-eval's own RULER tasks read the tokenizer and lengths from here
         metadata = {"pretrained": args.model, **({"max_seq_lengths": args.context_lengths}
                                                   if args.context_lengths else {})}
         manager = downstream.task_manager(lm_tasks, args.include_path, metadata)
-    model, tokenizer = load_for(args)
+    model, tokenizer = load_for(args, scaling)
     if ruler_tasks:
         ruler.run_ruler(model, tokenizer, ruler_tasks, args.context_lengths, output=output, model_name=args.model,
-                        num_samples=args.samples, seed=args.seed, batch_size=args.batch_size, words=words)
+                        num_samples=samples, seed=seed, batch_size=args.batch_size, words=words,
+                        rope_scaling=scaling)
     if lm_tasks:
         downstream.run_tasks(model, tokenizer, lm_tasks, manager, output=output, model_name=args.model,
-                             batch_size=args.batch_size, num_fewshot=args.num_fewshot)
+                             batch_size=args.batch_size, num_fewshot=args.num_fewshot, rope_scaling=scaling)
     return 0
 
 
@@ -142,13 +180,16 @@ def run_generate(args: argparse.Namespace) -> int:
 
 
 def add_commands(subparsers: argparse._SubParsersAction) -> None:
+    from rotarium.evaluation import ruler
+    from rotarium.evaluation.perplexity import MAX_TOKENS
+
     ev = subparsers.add_parser(
         "eval", help="validation perplexity at several context lengths (table + PNG)",
         description="Perplexity of a checkpoint at several context lengths, including lengths beyond the training "
                     "length (the length-extrapolation curve). Writes eval/perplexity.json and eval/perplexity.png "
                     "into the checkpoint folder (or --output-dir).")
     ev.add_argument("--model", required=True, help="checkpoint folder (e.g. runs/default/final) or Hub id")
-    ev.add_argument("--data", default="validation",
+    ev.add_argument("--data", default=None,
                     help="'validation': the documents the checkpoint's training run held out, checked against "
                          "the record the run kept of them (default); "
                          "'embedded': the embedded corpus; a prepared folder (its validation split); or a local "
@@ -156,8 +197,8 @@ def add_commands(subparsers: argparse._SubParsersAction) -> None:
     ev.add_argument("--context-lengths", type=int_list("--context-lengths", minimum=2), default=None,
                     help="comma-separated lengths, e.g. 128,256,512 (default: half, 1x, 2x and 4x the "
                          "training length)")
-    ev.add_argument("--max-tokens", type=int, default=65536,
-                    help="tokens scored per context length (default 65536)")
+    ev.add_argument("--max-tokens", type=int, default=None,
+                    help=f"tokens scored per context length (default {MAX_TOKENS})")
     ev.add_argument("--batch-size", type=int, default=8, help="windows per forward pass (default 8)")
     ev.add_argument("--output-dir", default=None, help="where to write the table and plot (default MODEL/eval)")
     ev.add_argument("--device", default=None, help="cpu, cuda, cuda:1, ... (default: cuda when available)")
@@ -165,13 +206,14 @@ def add_commands(subparsers: argparse._SubParsersAction) -> None:
                     help="weights and activations: auto (default) is bfloat16 on CUDA and float32 elsewhere")
     ev.add_argument("--ruler", default=None, metavar="TASKS",
                     help="RULER's synthetic tasks instead of perplexity, built offline with the model's tokenizer: "
-                         "comma-separated names from niah_single_1, niah_multikey_2, niah_multikey_3, "
-                         "niah_multivalue_noise, niah_multiquery_noise, vt, cwe, fwe, or all; at each "
+                         f"comma-separated names from {', '.join(ruler.TASKS)}, or all; at each "
                          "--context-lengths (default here 1x, 2x, 4x and 8x the training length); writes ruler.json, "
                          "ruler.md and ruler.png")
-    ev.add_argument("--samples", type=int, default=50, help="--ruler: samples per task and length (default 50)")
-    ev.add_argument("--seed", type=int, default=42, help="--ruler: the seed the samples are drawn from (default 42)")
-    ev.add_argument("--ruler-words", choices=("rotarium", "wonderwords"), default="rotarium",
+    ev.add_argument("--samples", type=int, default=None,
+                    help=f"--ruler: samples per task and length (default {ruler.SAMPLES})")
+    ev.add_argument("--seed", type=int, default=None,
+                    help=f"--ruler: the seed the samples are drawn from (default {ruler.SEED})")
+    ev.add_argument("--ruler-words", choices=("rotarium", "wonderwords"), default=None,
                     help="--ruler: where keys and words come from: rotarium's list (default) or the wonderwords "
                          "package's, as RULER's")
     ev.add_argument("--tasks", default=None, metavar="TASKS",
@@ -186,7 +228,8 @@ def add_commands(subparsers: argparse._SubParsersAction) -> None:
                     help="RoPE scaling at inference, without retraining, for RoPE and RoVE checkpoints: transformers' "
                          "rope_parameters as JSON, e.g. '{\"rope_type\": \"yarn\", \"factor\": 4}' (also linear, "
                          "dynamic, llama3, longrope); the original length defaults to the checkpoint's training "
-                         "length (max_position_embeddings); applies to perplexity, --ruler and --tasks alike")
+                         "length (max_position_embeddings); applies to perplexity, --ruler and --tasks alike, whose "
+                         "files are then named after it (perplexity.rope-yarn-x4.json) and record it")
     ev.set_defaults(func=run_eval)
 
     gen = subparsers.add_parser(

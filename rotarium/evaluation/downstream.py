@@ -8,11 +8,13 @@ the accuracies.
 """
 from __future__ import annotations
 
+import json
 import math
 import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from rotarium.evaluation.outputs import result_path
 from rotarium.utils.files import make_folder, write_json_atomic, write_text_atomic
 
 if TYPE_CHECKING:
@@ -24,6 +26,7 @@ ACC_NORM_TASKS = frozenset({"hellaswag", "arc_challenge", "openbookqa"})
 # what the papers' tables show for a task (the rest show their one accuracy)
 PAPER_METRICS = {"wikitext": ("word_perplexity",), "lambada_openai": ("perplexity", "acc")}
 PERCENT = frozenset({"acc", "acc_norm"})
+RESULT_FILES = ("downstream.json", "downstream.md")
 
 
 def require_lm_eval() -> None:
@@ -150,9 +153,11 @@ def format_tasks_table(rows: list[dict[str, Any]], average: float | None) -> str
 
 
 def save_tasks(report: dict[str, Any], folder: str | os.PathLike, *, title: str) -> tuple[Path, Path]:
-    """``folder/downstream.json`` (``report``) and ``folder/downstream.md`` (its table)."""
+    """``folder/downstream.json`` (``report``) and ``folder/downstream.md`` (its table); a report with a
+    ``rope_scaling`` goes to files named after it (:func:`rotarium.evaluation.outputs.result_path`), beside the
+    unscaled ones."""
     folder = make_folder(folder, "the evaluation folder")
-    table, markdown = folder / "downstream.json", folder / "downstream.md"
+    table, markdown = (result_path(folder, name, report.get("rope_scaling")) for name in RESULT_FILES)
     write_json_atomic(table, report)
     write_text_atomic(markdown, f"# {title}\n\n{format_tasks_table(report['rows'], report['average'])}\n")
     return table, markdown
@@ -160,7 +165,8 @@ def save_tasks(report: dict[str, Any], folder: str | os.PathLike, *, title: str)
 
 def lm_eval_record(results: dict[str, Any]) -> dict[str, Any]:
     """What of lm-eval's answer goes into the JSON: its scores, shots, task versions and its own version, with
-    values that are not JSON numbers or strings written as text."""
+    values that are not numbers or strings written as text (a non-finite number is written as null, as
+    :func:`rotarium.utils.files.write_json_atomic` writes every one)."""
     keep = {key: results.get(key) for key in ("results", "groups", "n-shot", "versions", "n-samples",
                                               "lm_eval_version", "max_length")}
     return _jsonable(keep)
@@ -171,23 +177,23 @@ def _jsonable(value: Any) -> Any:
         return {str(k): _jsonable(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
         return [_jsonable(v) for v in value]
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
     if value is None or isinstance(value, (bool, int, float, str)):
         return value
     return str(value)
 
 
 def run_tasks(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, names: list[str], manager, *,
-              output: str | os.PathLike, model_name: str, batch_size: int = 8,
-              num_fewshot: int | None = None) -> dict[str, Any]:
+              output: str | os.PathLike, model_name: str, batch_size: int = 8, num_fewshot: int | None = None,
+              rope_scaling: dict[str, Any] | None = None) -> dict[str, Any]:
     """``rotarium eval --tasks``: evaluates, prints the table and writes ``downstream.json`` and ``downstream.md``
-    into ``output``; returns the report."""
+    into ``output`` (named after ``rope_scaling``, ``--rope-scaling``'s JSON, when given: see :func:`save_tasks`);
+    returns the report."""
     results = evaluate_tasks(model, tokenizer, names, manager, batch_size=batch_size, num_fewshot=num_fewshot)
     rows, average = task_rows(results, names)
-    report = {"model": model_name, "tasks": names, "num_fewshot": num_fewshot, "rows": rows, "average": average,
-              "lm_eval": lm_eval_record(results)}
+    report = {"model": model_name, "tasks": names, "num_fewshot": num_fewshot, "rope_scaling": rope_scaling,
+              "rows": rows, "average": average, "lm_eval": lm_eval_record(results)}
     print(format_tasks_table(rows, average))
-    paths = save_tasks(report, output, title=f"{Path(model_name).name}: downstream tasks (lm-eval)")
+    scaled = f" with RoPE scaling {json.dumps(rope_scaling)}" if rope_scaling is not None else ""
+    paths = save_tasks(report, output, title=f"{Path(model_name).name}{scaled}: downstream tasks (lm-eval)")
     print(f"wrote {', '.join(map(str, paths))}")
     return report

@@ -22,6 +22,7 @@ from rotarium.data.documents import held_out_documents, iter_documents
 from rotarium.data.heldout import RECORD_KEY as HELD_OUT_RECORD
 from rotarium.data.heldout import check_held_out, check_prepared, is_prepared_record, recorded_source
 from rotarium.data.prepared import PreparedCorpus, is_prepared, tokenizer_fingerprint
+from rotarium.evaluation.outputs import result_path
 from rotarium.utils.files import make_folder, write_json_atomic
 from rotarium.utils.plots import save_figure
 
@@ -29,6 +30,9 @@ if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 logger = logging.getLogger(__name__)
+
+RESULT_FILES = ("perplexity.json", "perplexity.png")
+MAX_TOKENS = 65536
 
 
 def stream_tokens(tokenizer: PreTrainedTokenizerBase, texts: list[str]) -> torch.Tensor:
@@ -54,9 +58,18 @@ def evaluation_tokens(text: list[str] | PreparedCorpus, tokenizer: PreTrainedTok
     return torch.from_numpy(split.tokens(0, min(limit, split.num_tokens)).astype("int64"))
 
 
+def check_settings(max_tokens: int, batch_size: int) -> None:
+    """Raises ``ValueError`` naming the flag when ``--max-tokens`` or ``--batch-size`` cannot work."""
+    if max_tokens < 1:
+        raise ValueError(f"--max-tokens must be >= 1, got {max_tokens}")
+    if batch_size < 1:
+        raise ValueError(f"--batch-size must be >= 1, got {batch_size}")
+
+
 @torch.no_grad()
 def perplexity_by_context(model: PreTrainedModel, tokens: torch.Tensor, context_lengths: list[int], *,
-                          max_tokens: int = 65536, batch_size: int = 8, progress: bool = True) -> list[dict[str, Any]]:
+                          max_tokens: int = MAX_TOKENS, batch_size: int = 8,
+                          progress: bool = True) -> list[dict[str, Any]]:
     """``tokens`` ``[N]``: for each L in ``context_lengths``, the mean loss over windows of L tokens of the first
     ``max_tokens`` (rounded down to whole windows; at least one window). Rows: context_length, windows, tokens,
     loss, perplexity. Lengths longer than the text are reported with ``windows = 0``."""
@@ -66,10 +79,7 @@ def perplexity_by_context(model: PreTrainedModel, tokens: torch.Tensor, context_
         raise ValueError(f"tokens must be 1-D, got shape {tuple(tokens.shape)}")
     if not context_lengths or any(not isinstance(L, int) or L < 2 for L in context_lengths):
         raise ValueError(f"context lengths must be integers >= 2, got {context_lengths}")
-    if max_tokens < 1:
-        raise ValueError(f"--max-tokens must be >= 1, got {max_tokens}")
-    if batch_size < 1:
-        raise ValueError(f"--batch-size must be >= 1, got {batch_size}")
+    check_settings(max_tokens, batch_size)
     device = next(model.parameters()).device
     was_training = model.training
     model.eval()
@@ -107,9 +117,10 @@ def format_table(rows: list[dict[str, Any]], train_length: int | None = None) ->
 
 
 def save_results(rows: list[dict[str, Any]], folder: str | os.PathLike, *, title: str,
-                 train_length: int | None = None) -> tuple[Path, Path]:
+                 train_length: int | None = None, rope_scaling: dict[str, Any] | None = None) -> tuple[Path, Path]:
     """``folder/perplexity.json`` (the rows) and ``folder/perplexity.png`` (perplexity against context length, the
-    training length marked)."""
+    training length marked). Under ``rope_scaling`` (``--rope-scaling``'s JSON), files named after it
+    (:func:`rotarium.evaluation.outputs.result_path`), the JSON ``{"rope_scaling": ..., "rows": [...]}``."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -117,8 +128,8 @@ def save_results(rows: list[dict[str, Any]], folder: str | os.PathLike, *, title
 
     folder = Path(folder)
     make_folder(folder, "the evaluation folder")
-    table = folder / "perplexity.json"
-    write_json_atomic(table, rows)
+    table, plot = (result_path(folder, name, rope_scaling) for name in RESULT_FILES)
+    write_json_atomic(table, rows if rope_scaling is None else {"rope_scaling": rope_scaling, "rows": rows})
     points = [(r["context_length"], r["perplexity"]) for r in rows if r["perplexity"] is not None]
     fig, ax = plt.subplots(figsize=(6, 4))
     if points:
@@ -132,7 +143,6 @@ def save_results(rows: list[dict[str, Any]], folder: str | os.PathLike, *, title
     ax.set_title(title)
     ax.grid(alpha=0.3)
     fig.tight_layout()
-    plot = folder / "perplexity.png"
     save_figure(fig, plot)
     return table, plot
 

@@ -25,6 +25,7 @@ models that never generate an answer outright.
 """
 from __future__ import annotations
 
+import json
 import math
 import random
 import string
@@ -37,6 +38,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from rotarium.evaluation.outputs import result_path
 from rotarium.utils.files import make_folder, write_json_atomic, write_text_atomic
 from rotarium.utils.plots import save_figure
 
@@ -73,6 +75,8 @@ MAX_NEW_TOKENS = {"niah": 128, "variable_tracking": 30, "common_words_extraction
 VT_EXAMPLE_TOKENS = 500  # RULER's in-context example of variable tracking is sized to at most 500 tokens
 CWE_SHORT = 4096  # below this length RULER's common words repeat less (6 and 1, not 30 and 3) and so does its example
 ZETA_2 = math.pi ** 2 / 6  # fwe draws word counts from Zipf's law with RULER's alpha = 2
+SAMPLES, SEED = 50, 42  # --samples and --seed when not given
+RESULT_FILES = ("ruler.json", "ruler.md", "ruler.png")
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -457,7 +461,7 @@ def _too_short(task: str, length: int, prompt: int, budget: int) -> ValueError:
 
 
 def make_sample(task: str, tokenizer: PreTrainedTokenizerBase, length: int, *, index: int = 0,
-                num_samples: int = 1, seed: int = 42, words: RulerWords | None = None, depth: float | None = None,
+                num_samples: int = 1, seed: int = SEED, words: RulerWords | None = None, depth: float | None = None,
                 size_hint: int | None = None) -> tuple[RulerSample, int]:
     """Sample ``index`` of ``num_samples`` of ``task`` at context ``length`` (prompt and generation budget), and the
     haystack size it took (a hint for the next sample's search). ``depth``: where a single needle goes, a fraction
@@ -551,7 +555,7 @@ def _smallest_size(tokens: Callable[[int], int], target: int, minimum: int, hint
     return high
 
 
-def make_samples(task: str, tokenizer: PreTrainedTokenizerBase, length: int, num_samples: int, *, seed: int = 42,
+def make_samples(task: str, tokenizer: PreTrainedTokenizerBase, length: int, num_samples: int, *, seed: int = SEED,
                  words: RulerWords | None = None) -> list[RulerSample]:
     """``num_samples`` samples of ``task`` at context ``length``, the single needle (where there is one) at evenly
     spaced depths from the start of the haystack to its end."""
@@ -634,7 +638,7 @@ def answer_likelihood(model: PreTrainedModel, samples: list[RulerSample], *, bat
 
 
 def evaluate_ruler(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, tasks: Sequence[str],
-                   context_lengths: Sequence[int], *, num_samples: int = 50, seed: int = 42, batch_size: int = 8,
+                   context_lengths: Sequence[int], *, num_samples: int = SAMPLES, seed: int = SEED, batch_size: int = 8,
                    words: RulerWords | None = None, progress: bool = True) -> dict[str, Any]:
     """Every task at every length: ``{"rows": [...], "samples": [...]}``, a row per task and length (``score``: RULER's
     mean fraction of gold answers generated; ``answer_nll``: mean NLL per answer token; ``exact_match``: the
@@ -705,7 +709,8 @@ def format_ruler_table(rows: list[dict[str, Any]], train_length: int | None = No
 def save_ruler(report: dict[str, Any], folder: str | Path, *, title: str,
                train_length: int | None = None) -> tuple[Path, Path, Path]:
     """``folder/ruler.json`` (``report``), ``ruler.md`` (the tables) and ``ruler.png`` (score and answer NLL against
-    context length, a line per task, the training length marked)."""
+    context length, a line per task, the training length marked); a report with a ``rope_scaling`` goes to files
+    named after it (:func:`rotarium.evaluation.outputs.result_path`), beside the unscaled ones."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -713,7 +718,7 @@ def save_ruler(report: dict[str, Any], folder: str | Path, *, title: str,
 
     folder = make_folder(folder, "the evaluation folder")
     rows = report["rows"]
-    table, markdown, plot = folder / "ruler.json", folder / "ruler.md", folder / "ruler.png"
+    table, markdown, plot = (result_path(folder, name, report.get("rope_scaling")) for name in RESULT_FILES)
     write_json_atomic(table, report)
     write_text_atomic(markdown, f"# {title}\n\n{format_ruler_table(rows, train_length)}\n")
     fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
@@ -743,18 +748,21 @@ def default_lengths(train_length: int | None) -> list[int]:
 
 
 def run_ruler(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, tasks: Sequence[str],
-              context_lengths: Sequence[int] | None, *, output: str | Path, model_name: str, num_samples: int = 50,
-              seed: int = 42, batch_size: int = 8, words: RulerWords | None = None) -> dict[str, Any]:
+              context_lengths: Sequence[int] | None, *, output: str | Path, model_name: str,
+              num_samples: int = SAMPLES, seed: int = SEED, batch_size: int = 8, words: RulerWords | None = None,
+              rope_scaling: dict[str, Any] | None = None) -> dict[str, Any]:
     """``rotarium eval --ruler``: evaluates, prints the tables and writes ``ruler.json``, ``ruler.md`` and
-    ``ruler.png`` into ``output``; returns the report."""
+    ``ruler.png`` into ``output`` (named after ``rope_scaling``, ``--rope-scaling``'s JSON, when given: see
+    :func:`save_ruler`); returns the report."""
     words = words or load_words()
     train_length = getattr(model.config, "max_position_embeddings", None)
     lengths = sorted(set(context_lengths or default_lengths(train_length)))
     result = evaluate_ruler(model, tokenizer, tasks, lengths, num_samples=num_samples, seed=seed,
                             batch_size=batch_size, words=words)
     report = {"model": model_name, "tasks": list(tasks), "context_lengths": lengths, "samples_per_length": num_samples,
-              "seed": seed, "words": words.name, "train_length": train_length, **result}
+              "seed": seed, "words": words.name, "train_length": train_length, "rope_scaling": rope_scaling, **result}
     print(format_ruler_table(result["rows"], train_length))
-    paths = save_ruler(report, output, title=f"{Path(model_name).name}: RULER", train_length=train_length)
+    scaled = f" with RoPE scaling {json.dumps(rope_scaling)}" if rope_scaling is not None else ""
+    paths = save_ruler(report, output, title=f"{Path(model_name).name}{scaled}: RULER", train_length=train_length)
     print(f"wrote {', '.join(map(str, paths))}")
     return report

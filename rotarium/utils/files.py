@@ -9,6 +9,7 @@ import csv
 import hashlib
 import io
 import json
+import math
 import os
 import shutil
 import tempfile
@@ -115,9 +116,22 @@ def read_csv_rows(path: str | os.PathLike, *, ints: Sequence[str] = (), floats: 
     return rows
 
 
+def _finite(data: Any) -> Any:
+    """``data`` with every non-finite float, at any depth, replaced by ``None``."""
+    if isinstance(data, float) and not math.isfinite(data):
+        return None
+    if isinstance(data, dict):
+        return {key: _finite(value) for key, value in data.items()}
+    if isinstance(data, (list, tuple)):
+        return [_finite(value) for value in data]
+    return data
+
+
 def write_json_atomic(path: str | os.PathLike, data: Any) -> None:
-    """``data`` as indented JSON ending with a newline, written with :func:`write_text_atomic`."""
-    write_text_atomic(path, json.dumps(data, indent=2) + "\n")
+    """``data`` as indented JSON ending with a newline, written with :func:`write_text_atomic`. JSON has no NaN or
+    infinity (a strict reader refuses the bare ``NaN`` Python would write): a non-finite number is written as
+    ``null``."""
+    write_text_atomic(path, json.dumps(_finite(data), indent=2, allow_nan=False) + "\n")
 
 
 def read_jsonl(path: str | os.PathLike) -> list[Any]:

@@ -3,40 +3,26 @@ perplexity, ``--ruler`` and ``--tasks`` share), with the original length taken f
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 
 import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-import rotarium
 from rotarium.cli import main
 from rotarium.evaluation.cli import check_rope_scaling, load_for
 
 YARN = '{"rope_type": "yarn", "factor": 4}'
 
 
-@pytest.fixture(scope="module")
-def rove_checkpoint(tokenizer, tmp_path_factory) -> Path:
-    config = rotarium.TransformerConfig(vocab_size=len(tokenizer), hidden_size=32, num_hidden_layers=2, num_heads=2,
-                                        intermediate_size=64, max_position_embeddings=32, position_encoding="rove")
-    torch.manual_seed(0)
-    folder = tmp_path_factory.mktemp("rove") / "model"
-    rotarium.TransformerForCausalLM(config).save_pretrained(folder)
-    tokenizer.save_pretrained(folder)
-    return folder
-
-
 def test_load_for_scales_with_the_training_length_as_the_original(rove_checkpoint):
-    args = argparse.Namespace(model=str(rove_checkpoint), device="cpu", dtype="float32", rope_scaling=YARN)
-    model, _ = load_for(args)
+    args = argparse.Namespace(model=str(rove_checkpoint), device="cpu", dtype="float32")
+    model, _ = load_for(args, check_rope_scaling(str(rove_checkpoint), YARN))
     positional = model.model.layers[0].mixer.positional
     assert positional.attention_factor > 1
     ids = torch.randint(0, 100, (1, 96), generator=torch.Generator().manual_seed(0))
     expected = AutoModelForCausalLM.from_pretrained(
         rove_checkpoint, rope_parameters={"rope_type": "yarn", "factor": 4, "original_max_position_embeddings": 32})
-    plain, _ = load_for(argparse.Namespace(model=str(rove_checkpoint), device="cpu", dtype="float32",
-                                           rope_scaling=None))
+    plain, _ = load_for(argparse.Namespace(model=str(rove_checkpoint), device="cpu", dtype="float32"))
     with torch.no_grad():
         got = model(ids).logits
         torch.testing.assert_close(got, expected.eval()(ids).logits, rtol=0, atol=0)
