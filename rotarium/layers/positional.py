@@ -518,9 +518,18 @@ class SelectiveRoPE(PositionalEncoding):
             spectrum = spectrum / spectrum.max()
         return (settings.selective_rope_tau_max * spectrum).float()
 
+    def initial_buffers(self) -> dict[str, torch.Tensor]:
+        """The values of the layer's buffers (the frozen temperatures). They are computed, not drawn, so a model
+        gives them to the layer as soon as it builds it without values (``rotarium.models.modeling.built_empty``),
+        as transformers expects of a model whose initialisation is skipped, and again in its initialisation
+        (:meth:`special_init`)."""
+        if self.settings.selective_rope_learn_temperature:
+            return {}
+        return {"tau": self._temperature(self.settings, self.mixer_spec.head_k_dim)}
+
     def special_init(self) -> dict[str, torch.Tensor]:
         """Initial values that differ from the generic initialisation of their module type (see the models)."""
-        values = {"tau": self._temperature(self.settings, self.mixer_spec.head_k_dim)}
+        values = {"tau": self._temperature(self.settings, self.mixer_spec.head_k_dim)}  # a buffer, or learned
         if self._adds_decay:
             # per-head half-lives spread geometrically over 8..4096 tokens
             half_lives = torch.logspace(math.log10(8), math.log10(4096), self.mixer_spec.num_heads, dtype=torch.float64)

@@ -59,12 +59,20 @@ def built_empty(build: Callable[[], ModuleT]) -> ModuleT:
     """``build()`` run on the meta device, then given uninitialised storage where a parameter registered now would
     live (the default device, or the meta device under accelerate's ``init_empty_weights``). Its modules'
     own initialisation, which a module built alone relies on, then draws nothing: the model's ``_init_weights`` sets
-    every value, once."""
+    every value, once. Buffers, whose values are computed rather than drawn, get them here (from their module's
+    ``initial_buffers()``): transformers expects a model built with its initialisation skipped (``no_init_weights``,
+    as when loading a checkpoint) to hold them."""
     probe = nn.Module()
     probe.register_parameter("weight", nn.Parameter(torch.empty(0)))
     with torch.device("meta"):
         module = build()
-    return module.to_empty(device=probe.weight.device)
+    module = module.to_empty(device=probe.weight.device)
+    with torch.no_grad():
+        for owner in module.modules():
+            for name, value in getattr(owner, "initial_buffers", dict)().items():
+                buffer = owner.get_buffer(name)
+                buffer.copy_(value.to(dtype=buffer.dtype, device=buffer.device))
+    return module
 
 
 class RotariumPreTrainedModel(PreTrainedModel):

@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 from torch import nn
+from transformers.initialization import no_init_weights
 
 from rotarium.models import FAMILY_MODELS
 from tests.models.helpers import tiny_config
@@ -34,17 +35,8 @@ def build(name: str) -> nn.Module:
     return FAMILY_MODELS[family].lm(tiny_config(family, **{"position_encoding": "nope", **options}))
 
 
-@pytest.mark.parametrize("name", sorted(CASES))
-def test_a_model_built_twice_from_one_seed_is_the_same(name):
-    first, second = build(name).state_dict(), build(name).state_dict()
-    assert first.keys() == second.keys()
-    assert all(torch.equal(first[key], second[key]) for key in first), name
-
-
-@pytest.mark.parametrize("name", sorted(CASES))
-def test_every_value_is_set_by_the_model(name, monkeypatch):
-    """The modules are built without values; storage they get is filled with NaN here, so a value the model's
-    initialisation forgot shows."""
+def poison_to_empty(monkeypatch) -> None:
+    """Storage that ``to_empty`` gives is filled with NaN, so that a value nothing sets shows."""
     to_empty = nn.Module.to_empty
 
     def poisoned(module, *, device, recurse=True):
@@ -56,6 +48,20 @@ def test_every_value_is_set_by_the_model(name, monkeypatch):
         return module
 
     monkeypatch.setattr(nn.Module, "to_empty", poisoned)
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_a_model_built_twice_from_one_seed_is_the_same(name):
+    first, second = build(name).state_dict(), build(name).state_dict()
+    assert first.keys() == second.keys()
+    assert all(torch.equal(first[key], second[key]) for key in first), name
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_every_value_is_set_by_the_model(name, monkeypatch):
+    """The modules are built without values; storage they get is filled with NaN here, so a value the model's
+    initialisation forgot shows."""
+    poison_to_empty(monkeypatch)
     model = build(name)
     unset = [key for key, value in model.state_dict().items() if value.is_floating_point() and value.isnan().any()]
     assert not unset
@@ -83,3 +89,31 @@ def test_no_value_is_drawn_twice(name, monkeypatch):
     addresses = {p.untyped_storage().data_ptr() for p in parameters.values()}
     elsewhere = sum(t.numel() for t in drawn if t.untyped_storage().data_ptr() not in addresses)
     assert elsewhere == sum(p.numel() for key, p in parameters.items() if key.endswith(DRAWN_BY_SPECIAL_INIT))
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_buffers_hold_their_values_without_the_initialisation(name, monkeypatch):
+    """transformers' convention (its `test_init_weights_can_init_buffers`): buffers are computed, not drawn, so a
+    model built with its initialisation skipped (`no_init_weights`, as loading a checkpoint does) holds them."""
+    expected = dict(build(name).named_buffers())
+    poison_to_empty(monkeypatch)
+    with no_init_weights():
+        got = dict(build(name).named_buffers())
+    assert got.keys() == expected.keys()
+    assert [key for key in expected if not torch.equal(got[key], expected[key])] == []
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_a_model_built_on_the_meta_device_initialises_every_buffer(name, monkeypatch):
+    """FSDP's meta initialisation: the whole model on the meta device, given storage, then `init_weights`."""
+    expected = dict(build(name).named_buffers())
+    family, options = CASES[name]
+    with torch.device("meta"):
+        model = FAMILY_MODELS[family].lm(tiny_config(family, **{"position_encoding": "nope", **options}))
+    poison_to_empty(monkeypatch)
+    model.to_empty(device="cpu")
+    model.init_weights()
+    got = dict(model.named_buffers())
+    assert got.keys() == expected.keys()
+    assert [key for key in expected if not torch.equal(got[key], expected[key])] == []
+    assert not [key for key, value in model.state_dict().items() if value.is_floating_point() and value.isnan().any()]
