@@ -111,7 +111,8 @@ def run_eval(args: argparse.Namespace) -> int:
     check_settings(max_tokens, args.batch_size)
     check_result_paths(output, RESULT_FILES, scaling, what)
     documents, description = evaluation_documents("validation" if args.data is None else args.data,
-                                                  args.model if local else None)
+                                                  args.model if local else None,
+                                                  allow_data_change=args.allow_data_change)
     model, tokenizer = load_for(args, scaling)
     train_length = getattr(model.config, "max_position_embeddings", None)
     lengths = args.context_lengths or sorted({max(2, train_length // 2 if train_length else 64), *(
@@ -194,6 +195,10 @@ def add_commands(subparsers: argparse._SubParsersAction) -> None:
                          "the record the run kept of them (default); "
                          "'embedded': the embedded corpus; a prepared folder (its validation split); or a local "
                          ".txt/.jsonl/.parquet file or folder")
+    ev.add_argument("--allow-data-change", action="store_true",
+                    help="score the run's held-out documents derived from its source as it is now, although the "
+                         "source changed since training (they may then include documents the run trained on; "
+                         "without it such an evaluation is refused, naming what changed)")
     ev.add_argument("--context-lengths", type=int_list("--context-lengths", minimum=2), default=None,
                     help="comma-separated lengths, e.g. 128,256,512 (default: half, 1x, 2x and 4x the "
                          "training length)")

@@ -20,7 +20,14 @@ import torch
 from rotarium.data.config import DEFAULT_SEED, DataSection
 from rotarium.data.documents import held_out_documents, iter_documents
 from rotarium.data.heldout import RECORD_KEY as HELD_OUT_RECORD
-from rotarium.data.heldout import check_held_out, check_prepared, is_prepared_record, recorded_source
+from rotarium.data.heldout import (
+    check_held_out,
+    check_prepared,
+    check_source,
+    is_prepared_record,
+    recorded_source,
+    warn_if_changed,
+)
 from rotarium.data.prepared import PreparedCorpus, is_prepared, tokenizer_fingerprint
 from rotarium.evaluation.outputs import result_path
 from rotarium.utils.files import make_folder, write_json_atomic
@@ -163,17 +170,19 @@ def _training_args(model_dir: str | os.PathLike | None) -> tuple[dict[str, Any],
     return {}, None
 
 
-def evaluation_documents(data: str, model_dir: str | os.PathLike | None = None
+def evaluation_documents(data: str, model_dir: str | os.PathLike | None = None, *, allow_data_change: bool = False
                          ) -> tuple[list[str] | PreparedCorpus, str]:
     """The texts to score (for :func:`evaluation_tokens`) and a description. ``data``: ``validation`` (the documents
     the checkpoint's training run held out, re-derived from its ``training_args.json`` and checked against the
-    record of them made at training, :mod:`rotarium.data.heldout`: a prepared folder's validation split for a run
-    from one; the embedded corpus's split when there is none), ``embedded`` (the whole embedded corpus), a prepared
+    record of them made at training, :mod:`rotarium.data.heldout`: the source's identity, then the documents' digest;
+    a prepared folder's validation split for a run from one; the embedded corpus's split when there is none; a
+    changed source only warns with ``allow_data_change``), ``embedded`` (the whole embedded corpus), a prepared
     folder (its validation split), or a local text / JSON Lines / Parquet file or folder."""
     if data == "validation":
         args, path = _training_args(model_dir)
         if is_prepared_record(args.get(HELD_OUT_RECORD)):
-            corpus = check_prepared(args[HELD_OUT_RECORD], str(path))
+            warn_if_changed(args[HELD_OUT_RECORD], str(path))
+            corpus = check_prepared(args[HELD_OUT_RECORD], str(path), allow=allow_data_change)
             return corpus, f"{corpus.path} (validation split)"
         section = DataSection(**{k[5:]: v for k, v in args.items() if k.startswith("data.")
                                  and k[5:] in DataSection.__dataclass_fields__})
@@ -188,9 +197,12 @@ def evaluation_documents(data: str, model_dir: str | os.PathLike | None = None
                            "changed since training, it may hold training documents", path, section.source)
         else:
             section = recorded_source(record, section, str(path))
+            check_source(record, section, str(path), allow=allow_data_change,
+                         hint="or pass --data FILE to score another text knowingly")
+            warn_if_changed(record, str(path))
         documents = held_out_documents(section, args.get("train.seed", DEFAULT_SEED))
         if record is not None:
-            check_held_out(record, section, documents, str(path))
+            check_held_out(record, section, documents, str(path), allow=allow_data_change)
         split = "held-out documents" if section.streaming else "validation split"
         return documents, f"{section.source} ({split})"
     if is_prepared(data):

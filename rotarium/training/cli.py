@@ -79,6 +79,12 @@ def add_commands(subparsers: argparse._SubParsersAction) -> None:
                        help="with --resume: let this data, optim or train key differ from the run's (repeatable); "
                             "intervals, max_steps and eval settings may change without it, model and tokenizer "
                             "settings never")
+    train.add_argument("--allow-data-change", action="store_true",
+                       help="with --resume: go on although the data source changed since the checkpoint (files "
+                            "added, removed or edited, a prepared folder made again); without it such a resume is "
+                            "refused, naming what changed, since the held-out documents derived from the changed "
+                            "source may be documents the run trained on. The run records the step, and `rotarium "
+                            "eval` warns of it")
     train.add_argument("--allow-rewind", action="store_true",
                        help="with --resume: let the run go back before the last step it reached (a --max-steps "
                             "below it, or a finished run resumed from an older checkpoint); its final/, the "
@@ -113,7 +119,8 @@ def run_train(args: argparse.Namespace) -> int:
     config = load_config(args.config, overrides)
     check_writable_folder(run_dir, "--output-dir")
     trainer = Trainer(config, run_dir, resume=resume, overwrite=args.overwrite, resume_from=args.resume_from,
-                      allow_config_change=args.allow_config_change, allow_rewind=args.allow_rewind)
+                      allow_config_change=args.allow_config_change, allow_rewind=args.allow_rewind,
+                      allow_data_change=args.allow_data_change)
     try:  # the run folder stays locked until the evaluation below has written into it too
         try:
             result = trainer.train()

@@ -20,11 +20,19 @@ Which settings may differ from the run's on resume:
   option would not fit them or would silently change what they compute) and the ``tokenizer`` section (the run's
   saved tokenizer is what the ids mean). A run with other such settings is a new run: ``--init-from`` a checkpoint.
 
-A run from a prepared folder also records, in every checkpoint's data position, the folder's fingerprint and its
-tokenizer's SHA-256: the position counts sequences of that content, so a folder prepared again at the same path
-(another source, tokenizer or split) is refused by :func:`check_data`, naming what changed, unless
-``--allow-config-change data``. A streaming run records each process's place in its own part of the stream, which
-holds only for the same number of processes and shards (:func:`check_stream`).
+The data itself must be what the run trained on, or the documents it holds out for validation would be derived from
+another corpus and could be documents it trained on (:mod:`rotarium.data.heldout`). A run from a prepared folder
+records, in every checkpoint's data position, the folder's fingerprint and its tokenizer's SHA-256 (the position
+counts sequences of that content); a run from another source records, in each checkpoint's ``training_args.json``,
+the identity of its files (a Hub stream's shards) and the digest of its held-out documents. :func:`check_data`
+refuses a changed source before anything is read from it, naming what changed, and the trainer compares the
+held-out documents derived again with their digest; ``--allow-data-change`` goes on, warning that the held-out
+documents may now overlap, and the run records the step (``changed_at_steps``). A checkpoint of an older rotarium
+without these records resumes with a note that its source could not be checked. A local ``data.source`` is
+recorded as its absolute path, so a resume from another working directory reads the same file (an older run's
+relative path is replaced by the absolute one its held-out record names). A streaming run records each process's
+place in its own part of the stream, which holds only for the same number of processes and shards
+(:func:`check_stream`).
 """
 from __future__ import annotations
 
@@ -33,10 +41,15 @@ import json
 import logging
 import os
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from rotarium.data.config import DataSection
+from rotarium.data.heldout import ALLOW_FLAG, RECORD_KEY, check_source
 from rotarium.training.config import Config, field_types, flatten
 from rotarium.training.run_folder import ACCELERATE_STATE, TRAINING_ARGS, read_trainer_state
+
+if TYPE_CHECKING:
+    from rotarium.data.documents import StreamShards
 
 logger = logging.getLogger(__name__)
 
@@ -67,6 +80,7 @@ def saved_config(training_args: dict[str, Any]) -> dict[str, Any]:
     JSON text) decoded; keys this version does not know are left out."""
     sections = {f.name: f.default_factory for f in dataclasses.fields(Config)}
     out = {}
+    training_args = {**training_args, **_absolute_source(training_args)}
     for key, value in training_args.items():
         section, _, name = key.partition(".")
         if section not in sections or name not in field_types(sections[section]):
@@ -76,6 +90,17 @@ def saved_config(training_args: dict[str, Any]) -> dict[str, Any]:
             value = json.loads(value)
         out[key] = value
     return out
+
+
+def _absolute_source(training_args: dict[str, Any]) -> dict[str, Any]:
+    """``{"data.source": absolute path}`` for a run that recorded a relative ``data.source`` (an older rotarium)
+    with the absolute path its held-out record names, so that it resumes, and compares, as the file it read."""
+    source, record = training_args.get("data.source"), training_args.get(RECORD_KEY)
+    held = record.get("source") if isinstance(record, dict) else None
+    if isinstance(source, str) and isinstance(held, str) and Path(held).is_absolute() and not Path(
+            source).is_absolute() and Path(held).name == Path(source).name:
+        return {"data.source": held}
+    return {}
 
 
 def run_config(run_dir: str | os.PathLike) -> dict[str, Any]:
@@ -170,18 +195,37 @@ def check_config(checkpoint: Path, config: Config, allowed: set[str]) -> None:
                        config.optim.schedule, read_trainer_state(checkpoint)["step"])
 
 
-def check_data(checkpoint: Path, now: dict[str, Any] | None, source: str, allowed: set[str], *,
-               stream: dict[str, Any] | None = None) -> None:
-    """Refuses to resume ``checkpoint`` when the prepared folder it trained from is not the one ``data.source``
-    (``source``) holds now: ``now`` is the folder's ``{"prepared": fingerprint, "tokenizer": SHA-256}`` (None for a
-    source that is not a prepared folder), compared with the data position the checkpoint recorded. Names what
-    changed; with ``--allow-config-change data`` it warns and goes on. A streaming run (``stream``: the layout of
-    its stream now, :func:`~rotarium.data.stream.stream_layout`) is checked by :func:`check_stream`."""
+def recorded_held_out(checkpoint: Path) -> tuple[Any, str]:
+    """The record of the held-out documents (:mod:`rotarium.data.heldout`) in ``checkpoint``'s
+    ``training_args.json`` (None when it has none), and that file's path."""
+    path = checkpoint / TRAINING_ARGS
+    try:
+        args = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None, str(path)
+    return (args.get(RECORD_KEY) if isinstance(args, dict) else None), str(path)
+
+
+def check_data(checkpoint: Path, cfg: DataSection, now: dict[str, Any] | None, allowed: set[str], *,
+               allow_change: bool = False, layout: dict[str, Any] | None = None,
+               stream: StreamShards | None = None) -> bool:
+    """Refuses to resume ``checkpoint`` when its data source (``cfg``) is not the one it trained on, naming what
+    changed; with ``allow_change`` (``--allow-data-change``) it warns and returns ``True``. A prepared folder:
+    ``now`` is its ``{"prepared": fingerprint, "tokenizer": SHA-256}`` (None for another source), compared with the
+    data position the checkpoint recorded. Another source: its identity (files, or a Hub stream's shards) compared
+    with the one in the checkpoint's held-out record (:func:`~rotarium.data.heldout.check_source`). A streaming run
+    (``layout``: the layout of its ``stream`` now, :func:`~rotarium.data.stream.stream_layout`) is also checked by
+    :func:`check_stream`."""
     recorded = read_trainer_state(checkpoint).get("data")
-    if stream is not None:
-        check_stream(checkpoint, recorded, stream, source, allowed)
-    if not isinstance(recorded, dict) or not recorded.get("prepared") or now is None:
-        return
+    if layout is not None:
+        check_stream(checkpoint, recorded, layout, cfg.source, allowed)
+    if now is None:
+        record, where = recorded_held_out(checkpoint)
+        return check_source(record, cfg, where, allow=allow_change, stream=stream, prefix="--resume: ")
+    if not isinstance(recorded, dict) or not recorded.get("prepared"):
+        logger.warning("--resume: %s records no identity of the prepared folder (written by an older rotarium): "
+                       "whether `data.source=%s` changed since cannot be checked", checkpoint.name, cfg.source)
+        return False
     changed = []
     if recorded.get("tokenizer") != now["tokenizer"]:
         changed.append(f"its tokenizer differs (SHA-256 {str(recorded.get('tokenizer'))[:12]} -> "
@@ -189,15 +233,17 @@ def check_data(checkpoint: Path, now: dict[str, Any] | None, source: str, allowe
     if recorded["prepared"] != now["prepared"]:
         changed.append(f"its content differs (fingerprint {recorded['prepared'][:12]} -> {now['prepared'][:12]})")
     if not changed:
-        return
-    what = (f"`data.source={source}` is not the prepared folder {checkpoint.name} was trained on: "
+        return False
+    what = (f"`data.source={cfg.source}` is not the prepared folder {checkpoint.name} was trained on: "
             f"{' and '.join(changed)}")
-    if "data" in allowed:
-        logger.warning("--resume: %s; going on as --allow-config-change data allows, at the run's position (%d "
-                       "sequences) in the folder as it is now", what, recorded.get("sequences", 0))
-        return
-    raise ValueError(f"--resume: {what}, so the run's position in it would point at other tokens; point data.source "
-                     "at the folder the run trained on, or pass --allow-config-change data to go on with this one")
+    if allow_change:
+        logger.warning("--resume: %s; going on as %s allows, at the run's position (%d sequences) in the folder as "
+                       "it is now: its validation split may now include documents the run trained on", what,
+                       ALLOW_FLAG, recorded.get("sequences", 0))
+        return True
+    raise ValueError(f"--resume: {what}, so the run's position in it would point at other tokens and its validation "
+                     f"split may hold documents the run trained on; point data.source at the folder the run trained "
+                     f"on, or pass {ALLOW_FLAG} to go on with this one")
 
 
 def check_stream(checkpoint: Path, recorded: Any, stream: dict[str, Any], source: str, allowed: set[str]) -> None:

@@ -22,6 +22,7 @@ interval; :meth:`~Trainer.finish` saves the final model and plots the loss curve
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import errno
 import functools
 import json
@@ -38,7 +39,15 @@ from typing import Any
 import torch
 
 from rotarium.data.documents import iter_documents, split_documents
-from rotarium.data.heldout import RECORD_KEY, held_out_record, prepared_record
+from rotarium.data.heldout import (
+    RECORD_KEY,
+    absolute_source,
+    changed_at_steps,
+    check_held_out,
+    held_out_record,
+    is_prepared_record,
+    prepared_record,
+)
 from rotarium.data.stream import stream_layout
 from rotarium.models import set_activation_checkpointing
 from rotarium.training.accelerator import make_accelerator
@@ -55,7 +64,7 @@ from rotarium.training.config import Config, flatten
 from rotarium.training.flops import flops_per_token, peak_flops
 from rotarium.training.guard import LossGuard
 from rotarium.training.optim import build_optimizer, clip_norm, set_learning_rate
-from rotarium.training.resume import check_allowed_keys, check_config, check_data, check_launch
+from rotarium.training.resume import check_allowed_keys, check_config, check_data, check_launch, recorded_held_out
 from rotarium.training.run_folder import (
     ACCELERATE_STATE,
     TRAINING_ARGS,
@@ -120,12 +129,17 @@ class Trainer:
     ``resume``: continue from the run's newest good, verified checkpoint, or from ``resume_from`` (``step-N``);
     ``allow_config_change``: config keys that may differ from the run's on resume (:mod:`rotarium.training.resume`);
     ``allow_rewind``: let a resume go back before the step the run reached (see the module docstring);
-    ``overwrite``: replace the run in ``run_dir`` (see the module docstring)."""
+    ``allow_data_change``: let a resume go on with a data source that changed since the checkpoint
+    (:mod:`rotarium.data.heldout`; its held-out documents may then overlap the ones trained on);
+    ``overwrite``: replace the run in ``run_dir`` (see the module docstring). A local ``data.source`` is taken as
+    its absolute path."""
 
     def __init__(self, config: Config, run_dir: str | os.PathLike, *, resume: bool = False,
                  overwrite: bool = False, resume_from: str | None = None, allow_config_change: Iterable[str] = (),
-                 allow_rewind: bool = False):
+                 allow_rewind: bool = False, allow_data_change: bool = False):
+        config = dataclasses.replace(config, data=absolute_source(config.data))
         self.config, self.run_dir = config, Path(run_dir)
+        self.allow_data_change = allow_data_change
         t = config.train
         check_prepared_source_exists(config)
         check_trackers(t.report_to)
@@ -151,21 +165,25 @@ class Trainer:
         stream = open_stream(config, acc.num_processes)
         layout = stream_layout(len(stream), acc.num_processes) if stream is not None else None
 
-        def take_folder() -> FolderPlan:
+        def take_folder() -> tuple[FolderPlan, bool]:
             if allowed and not resume:
                 raise ValueError("--allow-config-change applies to --resume only")
+            if self.allow_data_change and not resume:
+                raise ValueError("--allow-data-change applies to --resume only")
             check_allowed_keys(allowed)
             self.folder.lock()
             plan = self.folder.plan(resume=resume, overwrite=overwrite, resume_from=resume_from,
                                     allow_rewind=allow_rewind, max_steps=t.max_steps)
+            changed = False
             if plan.checkpoint is not None:
                 check_config(plan.checkpoint, config, allowed)
-                check_data(plan.checkpoint, prepared.identity if prepared is not None else None, config.data.source,
-                           allowed, stream=layout)
+                changed = check_data(plan.checkpoint, config.data, prepared.identity if prepared is not None else None,
+                                     allowed, allow_change=self.allow_data_change, layout=layout, stream=stream)
                 check_launch(plan.checkpoint, fsdp=acc.distributed_type == "FSDP")
-            return plan
+            return plan, changed
 
-        plan = self._main_decides(take_folder)
+        plan, changed = self._main_decides(take_folder)
+        self._stream = stream
         set_seed(t.seed)
         self.resume_from = plan.checkpoint
         self.start_step = 0
@@ -195,6 +213,12 @@ class Trainer:
                                  documents, prepared=prepared, start_sequences=start_sequences,
                                  order_cache=self.folder.data_order, pin_memory=acc.device.type == "cuda",
                                  stream=stream, stream_state=stream_state)
+        self._changed_at: list[int] = []
+        if self.resume_from is not None:
+            changed = self._check_held_out() or changed
+            self._changed_at = changed_at_steps(recorded_held_out(self.resume_from)[0])
+            if changed:
+                self._changed_at.append(self.start_step)
         self.accum = accumulation_steps(config, acc.num_processes)
         self.tokens_per_step = t.batch_size * self.accum * acc.num_processes * config.data.seq_len
 
@@ -213,6 +237,17 @@ class Trainer:
         acc.wait_for_everyone()
         if t.report_to:
             acc.init_trackers("rotarium", config=self._flat_config())
+
+    def _check_held_out(self) -> bool:
+        """On resume, the held-out documents derived again must be the ones the checkpoint recorded
+        (:func:`~rotarium.data.heldout.check_held_out`; a prepared folder's split is checked by its fingerprint).
+        Returns whether they changed and ``--allow-data-change`` let the run go on."""
+        record, where = recorded_held_out(self.resume_from)
+        if record is None or is_prepared_record(record) or self.data.prepared is not None:
+            return False
+        return check_held_out(record, self.config.data, self.data.validation_documents, where,
+                              allow=self.allow_data_change, prefix="--resume: ",
+                              hint="or start a new run from the checkpoint's weights on this corpus (--init-from)")
 
     def _main_decides(self, decide: Callable[[], Any]) -> Any:
         """Runs ``decide`` in the main process only and hands its result, or its ``ValueError``, to every process
@@ -445,8 +480,12 @@ class Trainer:
         """What identifies the run's held-out documents (:mod:`rotarium.data.heldout`): computed once, since every
         checkpoint's ``training_args.json`` carries it and the documents do not change within a run."""
         if self.data.prepared is not None:
-            return prepared_record(self.data.prepared)
-        return held_out_record(self.config.data, self.data.validation_documents)
+            record = prepared_record(self.data.prepared)
+        else:
+            record = held_out_record(self.config.data, self.data.validation_documents, stream=self._stream)
+        if self._changed_at:
+            record["changed_at_steps"] = self._changed_at
+        return record
 
     def _data_position(self, step: int) -> dict[str, Any]:
         """The data position a checkpoint of ``step`` records, taken now (for a stream, every process's place in

@@ -142,11 +142,12 @@ def results(root) -> dict[str, tuple[int, str] | None]:
 def test_training_records_the_documents_it_held_out(root):
     corpus = root / "work" / "corpus"
     args = json.loads((root / "work" / "run" / "final" / "training_args.json").read_text())
-    assert args["data.source"] == "corpus"
+    assert args["data.source"] == str(corpus)  # a relative source is recorded as its absolute path
     section = DataSection(source=str(corpus), validation_fraction=TINY["data.validation_fraction"])
     held_out = held_out_documents(section, args["train.seed"])
-    assert args["held_out"] == {"source": str(corpus), "documents": len(held_out),
-                                "sha256": documents_sha256(held_out)}
+    assert {k: args["held_out"][k] for k in ("source", "documents", "sha256")} == {
+        "source": str(corpus), "documents": len(held_out), "sha256": documents_sha256(held_out)}
+    assert list(args["held_out"]["identity"]["files"]) == ["docs.txt"]
     assert json.loads((root / "work" / "run" / "training_args.json").read_text())["held_out"] == args["held_out"]
 
 
@@ -158,8 +159,8 @@ def test_a_relative_source_is_read_where_the_run_trained(root, results):
 
 def test_eval_refuses_a_corpus_that_changed_since_training(root, results):
     message = error_line(results["grown corpus"], "eval")
-    for text in ("changed since training", "validation split", "may hold documents the run trained on",
-                 str(root / "models" / "absolute" / "training_args.json"), "--data FILE"):
+    for text in ("is not the source recorded in", "docs.txt has", "may include documents the run trained on",
+                 str(root / "models" / "absolute" / "training_args.json"), "--allow-data-change", "--data FILE"):
         assert text in message, f"{text!r} not in {message!r}"
     assert not (root / "out" / "grown").exists()
     code, err = results["grown corpus, scored knowingly"]
@@ -168,7 +169,7 @@ def test_eval_refuses_a_corpus_that_changed_since_training(root, results):
 
 def test_eval_refuses_a_corpus_no_longer_where_the_run_read_it(root, results):
     message = error_line(results["moved corpus"], "eval")
-    for text in ("`data.source=corpus`", str(root / "gone"), "no longer there", "--data FILE"):
+    for text in ("`data.source=", str(root / "gone"), "no longer there", "--data FILE"):
         assert text in message, f"{text!r} not in {message!r}"
 
 

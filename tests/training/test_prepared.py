@@ -336,9 +336,9 @@ def test_a_moved_folder_with_the_same_content_resumes(refusals):
 @pytest.mark.xdist_group("prepared-run")
 @pytest.mark.parametrize("case,expected", [
     ("content", ["`data.source=", "refilled` is not the prepared folder step-2 was trained on",
-                 "its content differs (fingerprint", "--allow-config-change data"]),
+                 "its content differs (fingerprint", "--allow-data-change"]),
     ("tokenizer", ["retokenised` is not the prepared folder", "its tokenizer differs (SHA-256",
-                   "--allow-config-change data"]),
+                   "--allow-data-change"]),
     ("tokenizer.name", ["`tokenizer.name", "another", "is not the tokenizer the prepared folder",
                         "leave tokenizer.name unset"]),
     ("streaming", ["is a prepared folder", "drop `data.streaming`"]),
@@ -351,13 +351,14 @@ def test_a_changed_folder_or_tokenizer_is_refused_by_name(refusals, case, expect
 
 @pytest.mark.slow
 @pytest.mark.xdist_group("prepared-run")
-def test_allow_config_change_data_goes_on_with_a_changed_folder(refusals):
+def test_allow_data_change_goes_on_with_a_changed_folder(refusals):
     work, _ = refusals
     run_dir = work / "run-content"
     result = run_child(["train", "--output-dir", str(run_dir), "--resume", "--max-steps", "4",
-                        "--allow-config-change", "data", "--data.source", str(work / "refilled")])
+                        "--allow-config-change", "data", "--allow-data-change", "--data.source",
+                        str(work / "refilled")])
     ok(result)
-    assert "going on as --allow-config-change data allows" in result.stderr
+    assert "going on as --allow-data-change allows" in result.stderr
     assert sorted(losses(run_dir)) == [1, 2, 3, 4]
 
 
