@@ -32,6 +32,9 @@ class DataSection:
     shuffle_buffer: int = field(default=10000, metadata={
         "help": "streaming: each pass shuffles a process's shards and, within a shard, blocks of this many rows "
                 "(1: the stream's order)"})
+    skip_verify: bool = field(default=False, metadata={
+        "help": "a prepared folder: do not check its shards against their recorded SHA-256 (a run checks them in a "
+                "background thread when it starts or resumes, and stops at the next step if one is damaged)"})
     num_workers: int = field(default=2, metadata={
         "help": "a prepared folder or a stream: DataLoader worker processes reading (a stream: tokenising) each "
                 "process's batches ahead of the step (0: on the training thread); a source read whole is "

@@ -16,7 +16,8 @@ each rank its slice of the global batch.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterator
+import threading
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
@@ -147,3 +148,27 @@ class BatchLoader:
         self.order.close()
         if iterator is not None and hasattr(iterator, "_shutdown_workers"):
             iterator._shutdown_workers()
+
+
+class BackgroundCheck:
+    """Runs ``check`` (a function raising ``ValueError`` for bad data, such as :meth:`PreparedCorpus.verify
+    <rotarium.data.prepared.PreparedCorpus.verify>`) in a daemon thread, so that hashing a large folder does not
+    delay the first step; :attr:`error` holds its message once it failed, :attr:`done` says whether it ended."""
+
+    def __init__(self, check: Callable[[], None]):
+        self.error: str | None = None
+        self._thread = threading.Thread(target=self._run, args=(check,), name="rotarium-verify", daemon=True)
+        self._thread.start()
+
+    def _run(self, check: Callable[[], None]) -> None:
+        try:
+            check()
+        except (OSError, ValueError) as error:
+            self.error = " ".join(str(error).split())
+
+    @property
+    def done(self) -> bool:
+        return not self._thread.is_alive()
+
+    def wait(self) -> None:
+        self._thread.join()

@@ -48,6 +48,7 @@ from rotarium.data.heldout import (
     is_prepared_record,
     prepared_record,
 )
+from rotarium.data.loader import BackgroundCheck
 from rotarium.data.stream import stream_layout
 from rotarium.models import set_activation_checkpointing
 from rotarium.training.accelerator import make_accelerator
@@ -80,6 +81,10 @@ logger = logging.getLogger(__name__)
 
 class TrainingDiverged(RuntimeError):
     """Too many non-finite steps in a row."""
+
+
+class DamagedData(ValueError):
+    """A shard of the prepared folder the run reads does not match its recorded SHA-256."""
 
 
 TRACKER_PACKAGES = {"tensorboard": "tensorboard", "wandb": "wandb", "mlflow": "mlflow", "comet_ml": "comet_ml",
@@ -219,6 +224,10 @@ class Trainer:
             self._changed_at = changed_at_steps(recorded_held_out(self.resume_from)[0])
             if changed:
                 self._changed_at.append(self.start_step)
+        # the shards' hashes, checked while the run trains (a large folder would delay the first step by minutes)
+        self._verifying = prepared is not None and not config.data.skip_verify
+        self._verifier = (BackgroundCheck(functools.partial(prepared.verify, splits=("train", "validation")))
+                          if self._verifying and acc.is_main_process else None)
         self.accum = accumulation_steps(config, acc.num_processes)
         self.tokens_per_step = t.batch_size * self.accum * acc.num_processes * config.data.seq_len
 
@@ -248,6 +257,28 @@ class Trainer:
         return check_held_out(record, self.config.data, self.data.validation_documents, where,
                               allow=self.allow_data_change, prefix="--resume: ",
                               hint="or start a new run from the checkpoint's weights on this corpus (--init-from)")
+
+    def _check_verified(self, step: int, wait: bool) -> None:
+        """Raises :class:`DamagedData` once the background check of the prepared folder's shards (on the main
+        process) has failed, on every process alike (a collective while the check runs); ``wait``: let it finish
+        first (before the final model)."""
+        if not self._verifying:
+            return
+        acc, verifier = self.accelerator, self._verifier
+        if verifier is not None and wait:
+            verifier.wait()
+        state = torch.tensor([float(verifier is not None and verifier.done), float(
+            verifier is not None and verifier.error is not None)], device=acc.device)
+        if acc.num_processes > 1:
+            state = acc.reduce(state, reduction="sum")
+        if state[1] > 0:
+            why = verifier.error if verifier is not None else "the main process found a damaged shard"
+            raise DamagedData(f"{why}; training stopped after step {step}, before anything of that step was saved "
+                              f"(the checkpoints before it were trained on that folder too; data.skip_verify skips "
+                              "this check)")
+        if state[0] > 0:
+            self._verifying = False
+            logger.info("the shards of %s match their recorded SHA-256", self.config.data.source)
 
     def _main_decides(self, decide: Callable[[], Any]) -> Any:
         """Runs ``decide`` in the main process only and hands its result, or its ``ValueError``, to every process
@@ -300,6 +331,7 @@ class Trainer:
                 raise_if_interrupted()  # a Ctrl-C that a finalizer swallowed stops the run here
                 result = self.train_step(step)
                 step += 1
+                self._check_verified(step, wait=step == t.max_steps)  # before anything of this step is written
                 self._bar.update(1)
                 if step % t.log_every == 0 or step == t.max_steps:
                     self.log_step(step, result)
