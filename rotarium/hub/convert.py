@@ -44,15 +44,14 @@ import math
 import os
 import pickle
 import re
-import shutil
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from rotarium.hub.paths import check_apart, check_output_folder, confined
+from rotarium.hub.paths import check_output_folder, confined
 from rotarium.models import CONFIGS, FAMILY_MODELS
-from rotarium.utils.files import write_folder_atomic
+from rotarium.utils.files import check_apart, copy_file, write_folder_atomic
 
 FLA_TYPES = ("gla", "delta_net", "gated_deltanet", "forgetting_transformer", "transformer")
 MODEL_TYPES = (*FLA_TYPES, "llama")
@@ -567,7 +566,7 @@ def convert_checkpoint(src: str | os.PathLike, out: str | os.PathLike, overwrite
     def write(tmp: Path) -> None:
         model.save_pretrained(tmp)
         for file in tokenizer_files:
-            shutil.copy2(file, tmp / file.name)
+            copy_file(file, tmp / file.name)
 
     write_folder_atomic(out, write)
     return out

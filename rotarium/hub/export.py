@@ -11,17 +11,16 @@ any work (:func:`rotarium.hub.paths.check_output_folder`): not a file, writable,
 """
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 
 from transformers import PreTrainedModel
 
 from rotarium.hub.card import check_card_options, model_card
 from rotarium.hub.checkpoint import EVAL_DIR, Checkpoint, read_checkpoint
-from rotarium.hub.paths import check_apart, check_output_folder
+from rotarium.hub.paths import check_output_folder
 from rotarium.models import FAMILY_MODELS, load_pretrained
 from rotarium.models.remote_code import bundle
-from rotarium.utils.files import write_folder_atomic
+from rotarium.utils.files import check_apart, copy_file, make_folder, write_folder_atomic, write_text_atomic
 
 DEFAULT_SHARD_SIZE = "5GB"  # the Hub's recommendation: shards small enough to download and resume reliably
 
@@ -40,16 +39,16 @@ def write_export(checkpoint: Checkpoint, folder: Path, *, repo_id: str | None = 
     model = load_weights(checkpoint)
     model.save_pretrained(folder, max_shard_size=max_shard_size)  # weights, config + auto_map, code, generation
     for source in checkpoint.tokenizer_files:
-        shutil.copy2(source, folder / source.name)
+        copy_file(source, folder / source.name)
     plots = []
     if checkpoint.eval_plots:
-        (folder / EVAL_DIR).mkdir(exist_ok=True)
+        make_folder(folder / EVAL_DIR, inside=folder)
         for plot in checkpoint.eval_plots:
-            shutil.copy2(plot, folder / EVAL_DIR / plot.name)
+            copy_file(plot, folder / EVAL_DIR / plot.name)
             plots.append(f"{EVAL_DIR}/{plot.name}")
     card = model_card(checkpoint, repo=repo_id or folder.name, num_parameters=model.num_parameters(),
                       license=license, datasets=datasets, plots=plots)
-    (folder / "README.md").write_text(card, encoding="utf-8")
+    write_text_atomic(folder / "README.md", card)
     return sorted(p for p in folder.rglob("*") if p.is_file())
 
 

@@ -9,15 +9,15 @@ leave their folder on purpose is the Hugging Face cache, where ``snapshot_downlo
 that resolve to a file directly in that same repository's ``blobs/`` are followed, nothing else.
 
 An output folder is checked before any work (:func:`check_output_folder`): not a file, empty unless overwritten,
-writable, and apart from its source (:func:`check_apart`), since an overwrite moves the old folder aside and deletes
-it.
+writable, and apart from its source (:func:`rotarium.utils.files.check_apart`), since an overwrite moves the old
+folder aside and deletes it.
 """
 from __future__ import annotations
 
 import os
 from pathlib import Path
 
-from rotarium.utils.files import check_writable_folder
+from rotarium.utils.files import check_writable_folder, resolve_path
 
 CACHE_REPO_PREFIX = "models--"
 
@@ -25,14 +25,6 @@ CACHE_REPO_PREFIX = "models--"
 class OutputExistsError(FileExistsError, ValueError):
     """The output folder exists and is not empty, and no overwrite was asked for: bad input (a ``ValueError``, as
     the CLI reports it) that callers of the Python API may also catch as ``FileExistsError``."""
-
-
-def _resolve(path: Path) -> Path:
-    try:
-        return path.resolve()
-    except (OSError, RuntimeError) as error:  # a link loop
-        raise ValueError(f"{path} cannot be resolved ({error}); replace the link with the file it should name") \
-            from None
 
 
 def in_cache_blobs(root: Path, target: Path) -> bool:
@@ -53,7 +45,7 @@ def confined(path: Path, folder: Path, *, reader: str = "export",
     """``path`` (named inside ``folder``) if what it resolves to, through any symbolic link, is inside ``folder``
     too, or in the cache blobs of :func:`in_cache_blobs`; else a one-line ``ValueError`` naming the file or the link
     that leaves. ``reader`` and ``why`` say who refuses and why, in that message."""
-    root, target = _resolve(folder), _resolve(path)
+    root, target = resolve_path(folder), resolve_path(path)
     if target == root or root in target.parents or in_cache_blobs(root, target):
         return path
     link = next((p for p in (path, *path.parents) if p.is_symlink()), None)
@@ -62,23 +54,6 @@ def confined(path: Path, folder: Path, *, reader: str = "export",
                          f"({why})")
     raise ValueError(f"{link} is a symbolic link to {os.readlink(link)!r}, outside {folder}; {reader} reads no file "
                      f"from outside it ({why}): replace the link with a copy of the file, or remove it")
-
-
-def check_apart(out: str | os.PathLike, source: str | os.PathLike, out_name: str, source_name: str) -> None:
-    """``ValueError`` when the folder ``out`` is, contains or lies inside ``source``, compared on resolved paths:
-    writing ``out`` (with an overwrite, moving the old folder aside and deleting it) would replace or delete the
-    source, or write into it."""
-    out_path, source_path = _resolve(Path(out).absolute()), _resolve(Path(source).absolute())
-    if out_path == source_path:
-        relation = "the same folder"
-    elif out_path in source_path.parents:
-        relation = f"it contains the {source_name}"
-    elif source_path in out_path.parents:
-        relation = f"it lies inside the {source_name}"
-    else:
-        return
-    raise ValueError(f"{out_name} {str(out)!r} overlaps the {source_name} {str(source_path)!r} ({relation}): "
-                     f"writing it could replace or delete the {source_name}; write to a folder outside it")
 
 
 def check_output_folder(out: str | os.PathLike, *, overwrite: bool, what: str) -> Path:

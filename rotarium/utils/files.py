@@ -12,6 +12,7 @@ import json
 import math
 import os
 import shutil
+import stat
 import tempfile
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -36,13 +37,52 @@ def refuse_link(path: str | os.PathLike, what: str = "") -> None:
                          "never writes through a link: remove the link, or choose another folder")
 
 
-def make_folder(path: str | os.PathLike, what: str = "") -> Path:
+def make_folder(path: str | os.PathLike, what: str = "", *, inside: str | os.PathLike | None = None) -> Path:
     """``path`` as an existing folder (created with its parents if needed), refusing a link in its place (see
-    :func:`refuse_link`): for the folders rotarium makes inside one it owns."""
+    :func:`refuse_link`): for the folders rotarium makes inside one it owns. With ``inside`` (that folder, which
+    ``path`` lies in), a link at any level between the two is refused too, and each level is made in turn, so
+    nothing is created through a link."""
     path = Path(path)
-    refuse_link(path, what)
-    path.mkdir(parents=True, exist_ok=True)
+    if inside is None:
+        refuse_link(path, what)
+        path.mkdir(parents=True, exist_ok=True)
+        return path
+    level = Path(inside)
+    for part in path.relative_to(inside).parts:
+        level = level / part
+        refuse_link(level, what)
+        level.mkdir(parents=True, exist_ok=True)
     return path
+
+
+def refuse_links_inside(folder: str | os.PathLike, what: str = "") -> None:
+    """Raises ``ValueError`` (:func:`refuse_link`) naming the first symbolic link found at any depth inside
+    ``folder`` (none is followed): for a folder rotarium writes into as a whole, checked before it touches it."""
+    for root, folders, files in os.walk(folder):
+        for name in sorted(folders + files):
+            refuse_link(Path(root) / name, what)
+
+
+def _is_temporary(name: str) -> bool:
+    """Whether ``name`` is one a killed :func:`write_file_atomic` (``.<name>.<random>.tmp``) or
+    :func:`write_folder_atomic` (``.<name>.tmp-<random>``) left."""
+    return name.startswith(".") and (name.endswith(".tmp") or ".tmp-" in name)
+
+
+def remove_temporary_files(folder: str | os.PathLike, what: str = "") -> None:
+    """Removes the hidden temporary files and folders that killed atomic writes left directly in ``folder``,
+    following no link: a link in place of ``folder`` is refused (:func:`refuse_link`), and a link named like a
+    temporary file is removed itself, never what it points to."""
+    folder = Path(folder)
+    refuse_link(folder, what)
+    if not folder.is_dir():
+        return
+    for path in folder.iterdir():
+        if _is_temporary(path.name):
+            if path.is_dir() and not path.is_symlink():
+                shutil.rmtree(path)
+            else:
+                path.unlink()
 
 
 def write_file_atomic(path: str | os.PathLike, write: Callable[[Path], object]) -> None:
@@ -60,9 +100,27 @@ def write_file_atomic(path: str | os.PathLike, write: Callable[[Path], object]) 
         with open(tmp, "rb+") as f:
             os.fsync(f.fileno())
         os.replace(tmp, path)
+    except OSError as error:
+        Path(tmp).unlink(missing_ok=True)
+        raise _naming(error, path, tmp) from error
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def _naming(error: OSError, target: Path, tmp: str | os.PathLike) -> OSError:
+    """``error`` naming the file of ``target`` it is about, where it names no file (a full disk fails a write, which
+    names none) or one of the hidden temporary ``tmp`` written in its place."""
+    tmp, name = Path(tmp), error.filename
+    if isinstance(name, (str, os.PathLike)) and (Path(name) == tmp or tmp in Path(name).parents):
+        where = target / Path(name).relative_to(tmp)
+    elif name is None:
+        where = target
+    else:
+        return error
+    if error.errno is None:
+        return OSError(f"{' '.join(str(error).split())} ({where})")
+    return OSError(error.errno, error.strerror or str(error), str(where))
 
 
 def write_text_atomic(path: str | os.PathLike, text: str) -> None:
@@ -72,6 +130,12 @@ def write_text_atomic(path: str | os.PathLike, text: str) -> None:
             f.write(text)
 
     write_file_atomic(path, write)
+
+
+def copy_file(source: str | os.PathLike, target: str | os.PathLike) -> None:
+    """``source``'s content as ``target``, with :func:`write_file_atomic` (so a link at ``target`` is replaced, never
+    followed, and ``target`` gets a plain file's permissions, not ``source``'s)."""
+    write_file_atomic(target, lambda tmp: shutil.copyfile(source, tmp))
 
 
 def append_text(path: str | os.PathLike, text: str) -> None:
@@ -174,6 +238,35 @@ def check_writable_folder(path: str | os.PathLike, what: str) -> None:
         raise ValueError(f"{what} {path} is not writable{where}; check its permissions or choose another folder")
 
 
+def resolve_path(path: str | os.PathLike) -> Path:
+    """``path`` with every symbolic link resolved; a link loop raises a one-line ``ValueError`` naming it."""
+    path = Path(path)
+    try:
+        return path.resolve()
+    except (OSError, RuntimeError) as error:  # a link loop
+        raise ValueError(f"{path} cannot be resolved ({error}); replace the link with the file it should name") \
+            from None
+
+
+def check_apart(out: str | os.PathLike, source: str | os.PathLike, out_name: str, source_name: str,
+                why: str | None = None) -> None:
+    """``ValueError`` when the folder ``out`` is, contains or lies inside ``source``, compared on resolved paths:
+    writing ``out`` (with an overwrite, moving the old folder aside and deleting it) would replace or delete the
+    source, or write into it. ``why`` says what that would do, in the message (default: replace or delete it)."""
+    out_path, source_path = resolve_path(Path(out).absolute()), resolve_path(Path(source).absolute())
+    if out_path == source_path:
+        relation = "the same folder"
+    elif out_path in source_path.parents:
+        relation = f"it contains the {source_name}"
+    elif source_path in out_path.parents:
+        relation = f"it lies inside the {source_name}"
+    else:
+        return
+    why = why or f"writing it could replace or delete the {source_name}"
+    raise ValueError(f"{out_name} {str(out)!r} overlaps the {source_name} {str(source_path)!r} ({relation}): "
+                     f"{why}; write to a folder outside it")
+
+
 def fsync_tree(folder: str | os.PathLike) -> None:
     """Flushes every file and folder under ``folder`` to disk, so that a rename after it publishes whole files."""
     for root, _, files in os.walk(folder):
@@ -187,13 +280,27 @@ def fsync_tree(folder: str | os.PathLike) -> None:
             os.close(fd)
 
 
+def plain_permissions(folder: str | os.PathLike) -> None:
+    """Gives every file under ``folder`` (links aside) the permissions a plain ``open`` gives under this umask:
+    some writers make theirs private (safetensors writes its files 0600), and a published model's weights should
+    read as its other files do."""
+    mode = 0o666 & ~_umask()
+    for root, _, files in os.walk(folder):
+        for name in files:
+            path = os.path.join(root, name)
+            status = os.lstat(path)
+            if stat.S_ISREG(status.st_mode) and stat.S_IMODE(status.st_mode) != mode:
+                os.chmod(path, mode)
+
+
 def replace_folder(finished: str | os.PathLike, target: str | os.PathLike) -> None:
     """Renames the complete folder ``finished`` to ``target`` (a sibling path).
 
     An existing ``target`` is first moved into a hidden ``.<name>.old-*`` sibling and deleted only once the new one
     is in place (and moved back if that rename fails), so a kill at any moment leaves the old or the new folder
-    whole."""
+    whole. The files of ``finished`` first get the permissions plain ones would (:func:`plain_permissions`)."""
     finished, target = Path(finished), Path(target)
+    plain_permissions(finished)
     aside = None
     if target.exists():
         aside = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{target.name}.old-"))
@@ -221,6 +328,9 @@ def write_folder_atomic(target: str | os.PathLike, write: Callable[[Path], T]) -
         result = write(tmp)
         fsync_tree(tmp)
         replace_folder(tmp, target)
+    except OSError as error:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise _naming(error, target, tmp) from error
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

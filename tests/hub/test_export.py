@@ -164,3 +164,16 @@ def test_metadata_of_a_rotarium_train_checkpoint_is_found_in_its_run_folder(tmp_
     checkpoint = read_checkpoint(tmp_path / "run" / "checkpoints" / "step-30")
     assert checkpoint.last_metrics["step"] == 30
     assert checkpoint.training_args["dataset"] == "HuggingFaceFW/fineweb-edu"
+
+
+def test_exported_weights_get_the_permissions_of_the_other_files(run, tmp_path):
+    """safetensors writes its files 0600; an export's weights read as its other files do (the umask's)."""
+    import os
+
+    previous = os.umask(0o022)
+    try:
+        out = export_checkpoint(run[0] / "checkpoint-30", tmp_path / "export")
+    finally:
+        os.umask(previous)
+    modes = {p.relative_to(out).as_posix(): p.stat().st_mode & 0o777 for p in out.rglob("*") if p.is_file()}
+    assert modes["model.safetensors"] == 0o644 and set(modes.values()) == {0o644}, modes

@@ -93,3 +93,41 @@ def test_atomic_writes_get_the_permissions_of_plain_ones(tmp_path):
         os.umask(previous)
     assert (tmp_path / "a.txt").stat().st_mode & 0o777 == plain_file.stat().st_mode & 0o777 == 0o644
     assert (tmp_path / "out").stat().st_mode & 0o777 == plain_dir.stat().st_mode & 0o777 == 0o755
+
+
+def test_a_published_folder_gets_plain_permissions_whatever_wrote_its_files(tmp_path):
+    """safetensors writes its files 0600: a model folder's weights read as its other files do."""
+    import numpy as np
+    from safetensors.numpy import save_file
+
+    def write(folder):
+        save_file({"w": np.zeros(2, dtype=np.float32)}, str(folder / "model.safetensors"))
+        (folder / "config.json").write_text("{}")
+
+    previous = os.umask(0o022)
+    try:
+        write_folder_atomic(tmp_path / "model", write)
+    finally:
+        os.umask(previous)
+    modes = {p.name: p.stat().st_mode & 0o777 for p in (tmp_path / "model").iterdir()}
+    assert modes == {"model.safetensors": 0o644, "config.json": 0o644}
+
+
+def test_a_failed_write_names_the_file_it_was_writing(tmp_path):
+    """A full disk fails a write, which names no file: the error names the target, never the temporary file."""
+    import errno
+
+    def full(tmp):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    with pytest.raises(OSError, match=f"No space left on device: '{tmp_path / 'a.npy'}'") as caught:
+        files.write_file_atomic(tmp_path / "a.npy", full)
+    assert caught.value.errno == errno.ENOSPC
+
+    def full_inside(folder):
+        with open(folder / "weights.bin", "wb") as f:
+            raise OSError(errno.ENOSPC, "No space left on device", f.name)
+
+    with pytest.raises(OSError, match=f"'{tmp_path / 'model' / 'weights.bin'}'"):
+        write_folder_atomic(tmp_path / "model", full_inside)
+    assert _entries(tmp_path) == []

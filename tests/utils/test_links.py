@@ -7,7 +7,14 @@ from pathlib import Path
 
 import pytest
 
-from rotarium.utils.files import append_text, make_folder, write_json_atomic, write_text_atomic
+from rotarium.utils.files import (
+    append_text,
+    make_folder,
+    refuse_links_inside,
+    remove_temporary_files,
+    write_json_atomic,
+    write_text_atomic,
+)
 from rotarium.utils.plots import save_figure
 from tests.utils.helpers import SECRET, plant_link, secret_file
 
@@ -44,3 +51,32 @@ def test_appends_and_folders_refuse_a_link(tmp_path, outside):
     with pytest.raises(ValueError, match=f"{folder}.*symbolic link"):
         make_folder(folder)
     assert outside.read_text() == SECRET and sorted(os.listdir(outside.parent)) == ["secret.txt"]
+
+
+def test_folders_made_inside_an_output_refuse_a_link_at_any_level(tmp_path, outside):
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "train").symlink_to(outside.parent, target_is_directory=True)
+    with pytest.raises(ValueError, match=f"{out / 'train'} is a symbolic link"):
+        make_folder(out / "train" / "deeper", "the shard folder", inside=out)
+    with pytest.raises(ValueError, match=f"{out / 'train'} is a symbolic link"):
+        refuse_links_inside(out, "OUT")
+    assert make_folder(out / "validation" / "deeper", inside=out).is_dir()
+    assert sorted(os.listdir(outside.parent)) == ["secret.txt"]
+
+
+def test_temporary_files_are_removed_without_following_a_link(tmp_path, outside):
+    folder = tmp_path / "out"
+    folder.mkdir()
+    (folder / ".a.npy.x1.tmp").write_text("cut short")
+    (folder / ".tokenizer.tmp-x2").mkdir()
+    (folder / ".b.npy.x3.tmp").symlink_to(outside)  # named like a temporary file: the link goes, not its target
+    (folder / "kept.npy").write_text("whole")
+    remove_temporary_files(folder)
+    assert sorted(os.listdir(folder)) == ["kept.npy"] and outside.read_text() == SECRET
+    linked = tmp_path / "linked"
+    linked.symlink_to(outside.parent, target_is_directory=True)
+    (outside.parent / ".c.npy.x4.tmp").write_text("not rotarium's to remove through a link")
+    with pytest.raises(ValueError, match="symbolic link"):
+        remove_temporary_files(linked)
+    assert sorted(os.listdir(outside.parent)) == [".c.npy.x4.tmp", "secret.txt"]
