@@ -25,7 +25,8 @@ def add_commands(subparsers: argparse._SubParsersAction) -> None:
                          help=f"size of the trained BPE (default {DEFAULT_VOCAB_SIZE})")
     prepare.add_argument("--train-documents", type=int, default=DEFAULT_TRAIN_DOCUMENTS,
                          help=f"documents the BPE is trained on (default {DEFAULT_TRAIN_DOCUMENTS})")
-    prepare.add_argument("--config", default=None, help="the Hub dataset's configuration (subset)")
+    prepare.add_argument("--config", default=None, help="the Hub dataset's configuration (subset); a local SOURCE has "
+                                                        "none")
     prepare.add_argument("--split", default=DataSection.split, help="the Hub dataset's split (default train)")
     prepare.add_argument("--text-field", default=DataSection.text_field,
                          help="the column holding the text (JSON, Parquet, Hub; default text)")
@@ -58,7 +59,7 @@ def run_prepare(args: argparse.Namespace) -> int:
                      text_field=args.text_field, streaming=args.streaming, num_proc=args.num_proc,
                      shard_tokens=args.shard_tokens, validation_fraction=args.validation_fraction,
                      validation_documents=args.validation_documents, seed=args.seed,
-                     max_tokens=None if args.max_tokens is None else int(args.max_tokens),
+                     max_tokens=args.max_tokens,
                      progress=not args.no_progress)
     train, validation = corpus.train, corpus.validation
     print(f"{corpus.path}: train {train.num_tokens:,} tokens ({train.num_documents:,} documents, "

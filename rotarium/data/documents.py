@@ -130,6 +130,19 @@ def _rows(dataset, cfg: DataSection, files: list[str] | None, kind: str | None, 
                            _where(cfg, files, kind, first + first_missing))
 
 
+def _no_rows(kind: str, file: str) -> bool:
+    """Whether ``file`` holds no row: it is blank, or a Parquet file of 0 rows (which datasets cannot read)."""
+    if kind == "parquet":
+        import pyarrow.parquet as pq
+
+        try:
+            return pq.ParquetFile(file).metadata.num_rows == 0
+        except Exception:  # noqa: BLE001  (not Parquet at all: the caller reports the reader's own error)
+            return False
+    with open(file, "rb") as f:
+        return not any(line.strip() for line in f)
+
+
 def _open(cfg: DataSection):
     """``(kind, files, dataset)`` of a source other than the embedded corpus: local text files (``dataset`` None), or
     local JSON/Parquet files or a Hub dataset read by ``datasets`` (``files`` None for the Hub), as a stream with
@@ -147,10 +160,13 @@ def _open(cfg: DataSection):
         try:
             dataset = datasets.load_dataset(kind, data_files=files, split="train", streaming=cfg.streaming)
         except Exception as error:  # an empty file raises StopIteration or "corresponds to no data" ValueError
-            if all(not Path(f).read_bytes().strip() for f in files):
+            if all(_no_rows(kind, f) for f in files):
                 raise ValueError(f"`data.source={cfg.source}` is empty: no {kind} rows to train on") from error
+            # datasets wraps what went wrong (a DatasetGenerationError "while generating the dataset"): name it too
+            cause = error.__cause__ or error.__context__
+            detail = f" ({type(cause).__name__}: {cause})" if cause is not None else ""
             raise ValueError(f"`data.source={cfg.source}` could not be read as {kind}: "
-                             f"{type(error).__name__}: {error}") from error
+                             f"{type(error).__name__}: {error}{detail}") from error
     else:
         files, kind = None, None
         try:

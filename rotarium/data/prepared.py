@@ -18,6 +18,7 @@ import dataclasses
 import hashlib
 import itertools
 import json
+import math
 import multiprocessing
 import os
 import time
@@ -32,14 +33,19 @@ import numpy as np
 from rotarium.data.batches import added_bos, save_array, tokenize
 from rotarium.data.config import DEFAULT_SEED, DataSection
 from rotarium.data.documents import iter_documents
-from rotarium.data.tokenizer import SPECIAL_TOKENS, load_tokenizer, train_bpe
+from rotarium.data.tokenizer import SPECIAL_TOKENS, TextPieces, load_tokenizer, train_bpe
 from rotarium.utils.files import (
+    check_apart,
     check_writable_folder,
     file_sha256,
     make_folder,
+    refuse_link,
+    refuse_links_inside,
+    remove_temporary_files,
     write_folder_atomic,
     write_json_atomic,
 )
+from rotarium.utils.lock import FolderLock
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -59,6 +65,9 @@ BPE_BASE_TOKENS = 256 + len(SPECIAL_TOKENS)  # a byte-level BPE holds every byte
 # Text per task of the process pool: large enough that sending it costs nothing beside tokenising it.
 TASK_CHARACTERS = 1 << 18
 TASK_DOCUMENTS = 4096
+# The most text the tokenizer is given at once, whose memory grows with it: a longer document is tokenised in pieces
+# (rotarium.data.tokenizer.TextPieces), so a task never takes more memory than a task of short documents.
+PIECE_CHARACTERS = TASK_CHARACTERS
 
 
 def default_num_proc() -> int:
@@ -158,17 +167,46 @@ def token_dtype(tokenizer: PreTrainedTokenizerBase) -> np.dtype:
 class DocumentEncoder:
     """Texts -> their ids as training sees them, flat: ``(tokens [sum of lengths], lengths [len(texts)])``, each
     document ``[bos] + ids + [eos]`` (:func:`~rotarium.data.batches.tokenize`, bos where the tokenizer's template
-    adds one, and the eos :func:`~rotarium.data.batches.pack` ends a document with)."""
+    adds one, and the eos :func:`~rotarium.data.batches.pack` ends a document with). A text longer than
+    ``piece_characters`` is tokenised in pieces with the ids of the whole
+    (:class:`~rotarium.data.tokenizer.TextPieces`)."""
 
-    def __init__(self, tokenizer: PreTrainedTokenizerBase, dtype: np.dtype):
+    def __init__(self, tokenizer: PreTrainedTokenizerBase, dtype: np.dtype, piece_characters: int = PIECE_CHARACTERS):
         self.tokenizer, self.dtype = tokenizer, np.dtype(dtype)
         self.tail = [tokenizer.eos_token_id]
+        self.pieces = TextPieces(tokenizer, piece_characters)
+        self.head = [] if (bos := added_bos(tokenizer)) is None else [bos]
 
-    def __call__(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
+    def _short(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
         ids = list(tokenize(self.tokenizer, texts, batch=max(1, len(texts))))
         lengths = np.fromiter((len(x) + 1 for x in ids), dtype=np.int64, count=len(ids))
         flat = itertools.chain.from_iterable(itertools.chain(x, self.tail) for x in ids)
         return np.fromiter(flat, dtype=self.dtype, count=int(lengths.sum())), lengths
+
+    def _long(self, text: str) -> np.ndarray:
+        parts = [np.array(self.head, dtype=self.dtype)]
+        for piece in self.pieces(text):
+            parts.append(np.array(self.tokenizer(piece, add_special_tokens=False)["input_ids"], dtype=self.dtype))
+        parts.append(np.array(self.tail, dtype=self.dtype))
+        return np.concatenate(parts)
+
+    def __call__(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
+        if all(len(text) <= self.pieces.size for text in texts):
+            return self._short(texts)
+        tokens, lengths, start = [], [], 0
+        for i, text in enumerate([*texts, None]):
+            if text is not None and len(text) <= self.pieces.size:
+                continue
+            if start < i:  # the short texts before this one, together
+                flat, counts = self._short(texts[start:i])
+                tokens.append(flat)
+                lengths.append(counts)
+            if text is not None:
+                ids = self._long(text)
+                tokens.append(ids)
+                lengths.append(np.array([len(ids)], dtype=np.int64))
+            start = i + 1
+        return np.concatenate(tokens), np.concatenate(lengths)
 
 
 _WORKER_ENCODER: DocumentEncoder | None = None
@@ -264,6 +302,7 @@ class _SplitWriter:
         offsets = np.zeros(len(lengths) + 1, dtype=np.int64)
         np.cumsum(lengths, out=offsets[1:])
         tokens = np.concatenate(self.chunks).astype(self.dtype, copy=False)
+        make_folder(self.out / self.name, "the split folder", inside=self.out)
         files = {}
         for relative, array in zip(shard_files(self.name, len(self.shards)), (tokens, offsets)):
             save_array(self.out / relative, array)
@@ -314,10 +353,13 @@ def _check_arguments(num_proc: int, shard_tokens: int, vocab_size: int, train_do
         raise ValueError(f"--train-documents must be at least 1, got {train_documents}")
     if validation_fraction is not None and validation_documents is not None:
         raise ValueError("give --validation-fraction or --validation-documents, not both")
-    if validation_fraction is not None and not 0 <= validation_fraction < 1:
-        raise ValueError(f"--validation-fraction must be in [0, 1), got {validation_fraction}")
-    if validation_documents is not None and validation_documents < 0:
-        raise ValueError(f"--validation-documents must be at least 0, got {validation_documents}")
+    # a folder without validation documents is one no run can train from (it validates on them)
+    if validation_fraction is not None and not 0 < validation_fraction < 1:
+        raise ValueError(f"--validation-fraction must be in (0, 1), got {validation_fraction}: a run from the "
+                         "folder validates on the documents held out")
+    if validation_documents is not None and validation_documents < 1:
+        raise ValueError(f"--validation-documents must be at least 1, got {validation_documents}: a run from the "
+                         "folder validates on the documents held out")
     if seed < 0:
         raise ValueError(f"--seed must be at least 0, got {seed}")
 
@@ -337,11 +379,41 @@ def _read_json(path: Path, what: str) -> dict[str, Any] | None:
     return data
 
 
+def _check_max_tokens(max_tokens: float | None) -> int | None:
+    if max_tokens is None:
+        return None
+    if not math.isfinite(max_tokens) or max_tokens < 1:
+        raise ValueError(f"--max-tokens must be at least 1 and finite (a number of tokens, such as 27e9), got "
+                         f"{max_tokens}")
+    return int(max_tokens)
+
+
+def _check_source(cfg: DataSection, out: Path) -> None:
+    """What can be told of SOURCE before it is read: not a prepared folder, no ``--config`` for a local one, and
+    apart from OUT."""
+    local = cfg.source == "embedded" or Path(cfg.source).exists()
+    if local and cfg.hub_config is not None:
+        what = "the embedded corpus" if cfg.source == "embedded" else "a local file or folder"
+        raise ValueError(f"--config {cfg.hub_config} names a configuration of a Hub dataset, but SOURCE {cfg.source} "
+                         f"is {what}, which has none: drop --config")
+    if cfg.source == "embedded" or not local:
+        return
+    if is_prepared(cfg.source):
+        raise ValueError(f"SOURCE {cfg.source} is a prepared folder (written by `rotarium prepare`), not text to "
+                         f"prepare: train from it with `--data.source {cfg.source}`, or give the source it was "
+                         "prepared from")
+    check_apart(out, cfg.source, "OUT", "SOURCE", why="prepared files there would be read as documents of the "
+                "SOURCE by every later prepare or run of it")
+
+
 def _check_out(out: Path) -> None:
-    """``out`` is a folder this process may write, holding nothing but a prepare's own files (or nothing)."""
+    """``out`` is a folder this process may write, holding nothing but a prepare's own files (or nothing), and no
+    link: whatever prepare writes or removes in it is never elsewhere."""
+    refuse_link(out, "OUT")
     check_writable_folder(out, "OUT")
     if not out.is_dir():
         return
+    refuse_links_inside(out, f"OUT {out} holds a link:")
     ours = {METADATA, PROGRESS, TOKENIZER, *SPLITS}
     foreign = sorted(p.name for p in out.iterdir() if p.name not in ours and not p.name.startswith("."))
     if foreign:
@@ -355,18 +427,6 @@ def _refuse_other_settings(recorded: dict[str, Any], settings: dict[str, Any], o
     if changed:
         raise ValueError(f"OUT {out} holds a prepare with other settings: {'; '.join(changed)}; rerun with its "
                          "settings to continue it, or choose another OUT")
-
-
-def _remove_temporary_files(out: Path) -> None:
-    """The hidden temporary files a killed atomic write leaves beside its target."""
-    import shutil
-
-    for folder in (out, *(out / name for name in SPLITS)):
-        if not folder.is_dir():
-            continue
-        for path in folder.iterdir():
-            if path.name.startswith(".") and (path.name.endswith(".tmp") or ".tmp-" in path.name):
-                shutil.rmtree(path) if path.is_dir() and not path.is_symlink() else path.unlink()
 
 
 def _peek(cfg: DataSection) -> None:
@@ -389,14 +449,9 @@ def _count(cfg: DataSection, progress: bool) -> int:
     return count
 
 
-def _build_tokenizer(name: str | None, cfg: DataSection, held: Callable[[int], bool], vocab_size: int,
-                     train_documents: int) -> PreTrainedTokenizerBase:
-    """``name`` loaded, else a BPE trained on the first ``train_documents`` documents not held out."""
-    if name is not None:
-        tokenizer = load_tokenizer(name)
-    else:
-        training = (text for index, text in enumerate(iter_documents(cfg)) if not held(index))
-        tokenizer = train_bpe(itertools.islice(training, train_documents), vocab_size)
+def _load_named(name: str) -> PreTrainedTokenizerBase:
+    """``--tokenizer NAME``, which prepare needs fast."""
+    tokenizer = load_tokenizer(name, "--tokenizer")
     if not tokenizer.is_fast:
         raise ValueError(f"--tokenizer {name} loads as a slow (Python) tokenizer; prepare needs a fast one "
                          "(tokenizer.json, the `tokenizers` library)")
@@ -420,7 +475,7 @@ def prepare(source: str, out: str | os.PathLike, *, tokenizer: str | None = None
             hub_config: str | None = None, split: str = "train", text_field: str = "text", streaming: bool = False,
             num_proc: int | None = None, shard_tokens: int = DEFAULT_SHARD_TOKENS,
             validation_fraction: float | None = None, validation_documents: int | None = None,
-            seed: int = DEFAULT_SEED, max_tokens: int | None = None, progress: bool = True) -> PreparedCorpus:
+            seed: int = DEFAULT_SEED, max_tokens: float | None = None, progress: bool = True) -> PreparedCorpus:
     """Tokenises ``source`` (anything ``data.source`` reads) into the prepared folder ``out`` and returns its reader.
 
     ``tokenizer``: a Hub name or folder, else a byte-level BPE of ``vocab_size`` trained on the first
@@ -432,28 +487,36 @@ def prepare(source: str, out: str | os.PathLike, *, tokenizer: str | None = None
     trains on); the documents not read are neither trained on nor held out.
 
     A folder a killed prepare left continues where its last complete shard ended, and the result is the one an
-    uninterrupted prepare writes; a complete folder with the same settings is returned as it is. Raises
-    ``ValueError`` with one line for bad input: an empty source, a file that is not UTF-8, a missing text field, a
-    tokenizer without eos, an ``out`` that is a file, not writable, or holds another prepare or other files."""
+    uninterrupted prepare writes; a complete folder with the same settings is returned as it is. The prepare holds
+    ``out``'s lock (:class:`~rotarium.utils.lock.FolderLock`) while it runs, and writes nothing through a link.
+    Raises ``ValueError`` with one line for bad input, before ``out`` is touched where it can be told up front: an
+    empty source, a file that is not UTF-8, a missing text field, a tokenizer that does not load or has no eos, a
+    source that is a prepared folder or overlaps ``out``, ``hub_config`` with a local source, a split left without
+    documents, an ``out`` that is a file, not writable, a link or holding one, in use by another prepare, or
+    holding another prepare or other files."""
     num_proc = default_num_proc() if num_proc is None else num_proc
     if validation_fraction is None and validation_documents is None:
         validation_fraction = DataSection.validation_fraction
     _check_arguments(num_proc, shard_tokens, vocab_size, train_documents, validation_fraction, validation_documents,
                      seed, tokenizer)
-    if max_tokens is not None and max_tokens < 1:
-        raise ValueError(f"--max-tokens must be at least 1, got {max_tokens}")
+    max_tokens = _check_max_tokens(max_tokens)
     cfg = DataSection(source=source, hub_config=hub_config, split=split, text_field=text_field, streaming=streaming)
+    out = Path(out)
+    _check_source(cfg, out)
     settings = _settings(cfg, tokenizer, vocab_size, train_documents, shard_tokens, validation_fraction,
                          validation_documents, seed, max_tokens)
-    out = Path(out)
     _check_out(out)
-    finished = _read_json(out / METADATA, "metadata")
-    if finished is not None:
-        _refuse_other_settings(finished["settings"], settings, out)
-        if tokenizer is not None:
-            _refuse_changed_tokenizer(load_tokenizer(tokenizer), finished, f"--tokenizer {tokenizer}", out)
-        return PreparedCorpus(out)
-    _prepare(cfg, out, settings, num_proc, progress)
+    lock = FolderLock(out, "OUT", "prepare")  # made here if new, and removed again if nothing was written into it
+    try:
+        finished = _read_json(out / METADATA, "metadata")
+        if finished is not None:
+            _refuse_other_settings(finished["settings"], settings, out)
+            if tokenizer is not None:
+                _refuse_changed_tokenizer(_load_named(tokenizer), finished, f"--tokenizer {tokenizer}", out)
+        else:
+            _prepare(cfg, out, settings, num_proc, progress)
+    finally:
+        lock.release()
     return PreparedCorpus(out)
 
 
@@ -470,6 +533,8 @@ def _prepare(cfg: DataSection, out: Path, settings: dict[str, Any], num_proc: in
     record = _read_json(out / PROGRESS, "progress record")
     if record is not None:
         _refuse_other_settings(record["settings"], settings, out)
+    # a named tokenizer is loaded before the source is read, which may take long, so that a wrong name fails at once
+    named = _load_named(settings["tokenizer"]) if settings["tokenizer"] is not None else None
     total = None if cfg.streaming else _count(cfg, progress)
     if cfg.streaming:
         _peek(cfg)
@@ -479,11 +544,16 @@ def _prepare(cfg: DataSection, out: Path, settings: dict[str, Any], num_proc: in
     held_out = held_out_rule(cfg.streaming, total, settings["validation_fraction"], settings["validation_documents"],
                              settings["seed"])
     held = held_out.decider()
-    make_folder(out, "OUT")
-    _remove_temporary_files(out)
+    remove_temporary_files(out, "OUT")
+    for name in SPLITS:
+        remove_temporary_files(out / name, "the split folder")
     if record is None:
-        tokenizer = _build_tokenizer(settings["tokenizer"], cfg, held, settings["vocab_size"] or DEFAULT_VOCAB_SIZE,
-                                     settings["train_documents"] or DEFAULT_TRAIN_DOCUMENTS)
+        if named is not None:
+            tokenizer = named
+        else:
+            training = (text for index, text in enumerate(iter_documents(cfg)) if not held(index))
+            tokenizer = train_bpe(itertools.islice(training, settings["train_documents"] or DEFAULT_TRAIN_DOCUMENTS),
+                                  settings["vocab_size"] or DEFAULT_VOCAB_SIZE)
         write_folder_atomic(out / TOKENIZER, tokenizer.save_pretrained)
         tokenizer = load_tokenizer(str(out / TOKENIZER))
         dtype = token_dtype(tokenizer)
@@ -499,9 +569,8 @@ def _prepare(cfg: DataSection, out: Path, settings: dict[str, Any], num_proc: in
     else:
         tokenizer = load_tokenizer(str(out / TOKENIZER))
         _refuse_changed_tokenizer(tokenizer, record, str(out / TOKENIZER), out)
-        if settings["tokenizer"] is not None:
-            _refuse_changed_tokenizer(load_tokenizer(settings["tokenizer"]), record,
-                                      f"--tokenizer {settings['tokenizer']}", out)
+        if named is not None:
+            _refuse_changed_tokenizer(named, record, f"--tokenizer {settings['tokenizer']}", out)
         dtype = np.dtype(record["dtype"])
     with one_thread_per_process():
         _tokenise(cfg, out, record, held, DocumentEncoder(tokenizer, dtype), num_proc, progress)
@@ -575,7 +644,13 @@ def _tokenise(cfg: DataSection, out: Path, record: dict[str, Any], held: Callabl
     checkpoint(position)
     if not splits["train"]["documents"]:
         raise ValueError(f"SOURCE {cfg.source} leaves no training documents after holding out validation; hold out "
-                         "fewer (--validation-fraction / --validation-documents)")
+                         f"fewer (--validation-fraction / --validation-documents); OUT {out} cannot be completed: "
+                         "remove it")
+    if not splits["validation"]["documents"]:
+        read = "" if limit is None or not cut else f" of the {position} read before --max-tokens {limit}"
+        raise ValueError(f"SOURCE {cfg.source}: no document{read} was held out for validation, and a run from the "
+                         "folder validates on them; hold out more (--validation-fraction / --validation-documents)"
+                         f"{' or raise --max-tokens' if read else ''}; OUT {out} cannot be completed: remove it")
     record["documents"] = position if record["documents"] is None or cut else record["documents"]
     record["complete"] = True
     for name in SPLITS:
@@ -609,11 +684,11 @@ class PreparedSplit:
         return len(self.record["shards"])
 
     def shard(self, k: int) -> tuple[np.ndarray, np.ndarray]:
-        """Shard ``k`` as memory maps: ``(tokens [n_k], offsets [d_k + 1])``, offsets from 0 to ``n_k``."""
+        """Shard ``k`` as memory maps: ``(tokens [n_k], offsets [d_k + 1])``, offsets from 0 to ``n_k``. A file
+        that is not the array its record describes raises a one-line ``ValueError`` naming it."""
         if k not in self._maps:
-            tokens, offsets = (np.load(self.root / name, mmap_mode="r", allow_pickle=False)
-                               for name in shard_files(self.name, k))
-            self._maps[k] = (tokens, offsets)
+            self._maps[k] = tuple(_open_array(self.root, name, *_expected(self.record, self.dtype, name, k))
+                                  for name in shard_files(self.name, k))
         return self._maps[k]
 
     def document_offsets(self) -> np.ndarray:
@@ -691,9 +766,10 @@ class PreparedCorpus:
         self.splits = {name: PreparedSplit(self.path, name, self.metadata["splits"][name], self.dtype)
                        for name in SPLITS}
         for split in self.splits.values():
-            for shard in split.record["shards"]:
+            for k, shard in enumerate(split.record["shards"]):
                 for name, file in shard["files"].items():
                     _check_size(self.path, name, file["bytes"])
+                    _check_header(self.path, name, *_expected(split.record, self.dtype, name, k))
 
     @property
     def identity(self) -> dict[str, str]:
@@ -737,7 +813,8 @@ class PreparedCorpus:
                 for name, file in shard["files"].items():
                     if file_sha256(self.path / name) != file["sha256"]:
                         raise ValueError(f"{self.path / name} changed since it was prepared (its SHA-256 is not the "
-                                         f"one in {METADATA}); prepare the source again into a new folder")
+                                         f"one in {METADATA}): the folder is damaged; prepare the source again into "
+                                         "a new folder")
 
 
 def is_prepared(source: str | os.PathLike) -> bool:
@@ -745,6 +822,42 @@ def is_prepared(source: str | os.PathLike) -> bool:
     ``metadata.json`` or a prepare's ``progress.json`` (:class:`PreparedCorpus` refuses an unfinished one)."""
     path = Path(source)
     return path.is_dir() and ((path / METADATA).is_file() or (path / PROGRESS).is_file())
+
+
+def _expected(record: dict[str, Any], dtype: np.dtype, name: str, k: int) -> tuple[tuple[int, ...], np.dtype]:
+    """The shape and dtype the file ``name`` of shard ``k`` of a split (its ``record``) holds."""
+    shard = record["shards"][k]
+    if name.endswith(".tokens.npy"):
+        return (shard["tokens"],), dtype
+    return (shard["documents"] + 1,), np.dtype(np.int64)
+
+
+def _damaged(path: Path, reason: str) -> ValueError:
+    return ValueError(f"shard file {path} is damaged ({reason}); prepare the source again into a new folder "
+                      "(PreparedCorpus(FOLDER).verify() checks every shard's SHA-256)")
+
+
+def _check_header(root: Path, name: str, shape: tuple[int, ...], dtype: np.dtype) -> None:
+    """The ``.npy`` header of ``root / name`` describes ``shape`` and ``dtype``: the counts ``metadata.json``
+    records are those of the files, read without reading the arrays."""
+    path = root / name
+    try:
+        with open(path, "rb") as f:
+            version = np.lib.format.read_magic(f)
+            read = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
+            found, fortran, found_dtype = read(f)
+    except (OSError, ValueError, EOFError) as error:
+        raise _damaged(path, f"not a .npy array: {' '.join(str(error).split())[:120]}") from None
+    if found != shape or found_dtype != dtype or fortran:
+        raise _damaged(path, f"it holds {found_dtype}{list(found)}, {root / METADATA} records {dtype}{list(shape)}")
+
+
+def _open_array(root: Path, name: str, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+    _check_header(root, name, shape, dtype)
+    try:
+        return np.load(root / name, mmap_mode="r", allow_pickle=False)
+    except (OSError, ValueError, EOFError) as error:
+        raise _damaged(root / name, " ".join(str(error).split())[:120]) from None
 
 
 def _check_size(root: Path, name: str, size: int) -> None:
@@ -770,4 +883,71 @@ def _read_metadata(path: Path) -> dict[str, Any]:
     if metadata.get("complete") is not True or "fingerprint" not in metadata:
         raise ValueError(f"{path / METADATA} does not describe a complete prepare; rerun `rotarium prepare` with the "
                          "same arguments to complete it")
+    _check_metadata(path / METADATA, metadata)
     return metadata
+
+
+def _check_metadata(where: Path, metadata: dict[str, Any]) -> None:
+    """Raises a one-line ``ValueError`` naming the first field of ``metadata.json`` (read from ``where``) that the
+    reader cannot use, or whose counts disagree with its shards'; the fingerprint, over the file list and the
+    tokenizer, catches an edit to the rest."""
+    def damaged(field: str, why: str) -> ValueError:
+        return ValueError(f"{where} is damaged: `{field}` {why}; prepare the source again into a new folder")
+
+    def count(value: Any, field: str, least: int = 0) -> int:
+        if isinstance(value, bool) or not isinstance(value, int) or value < least:
+            raise damaged(field, f"is {value!r}, not a whole number of at least {least}")
+        return value
+
+    def text(value: Any, field: str) -> None:
+        if not isinstance(value, str):
+            raise damaged(field, f"is {value!r}, not a string")
+
+    if metadata.get("dtype") not in ("uint16", "uint32"):
+        raise damaged("dtype", f"is {metadata.get('dtype')!r}, not uint16 or uint32")
+    text(metadata["fingerprint"], "fingerprint")
+    tokenizer = metadata.get("tokenizer")
+    if not isinstance(tokenizer, dict):
+        raise damaged("tokenizer", f"is {tokenizer!r}, not an object")
+    text(tokenizer.get("sha256"), "tokenizer.sha256")
+    count(tokenizer.get("eos_id"), "tokenizer.eos_id")
+    if tokenizer.get("bos_id") is not None:
+        count(tokenizer["bos_id"], "tokenizer.bos_id")
+    held = metadata.get("held_out")
+    rules = {"permutation": ("documents", "total"), "first": ("documents",), "hash": ("fraction",)}
+    fields = {field.name for field in dataclasses.fields(HeldOut)}
+    if not isinstance(held, dict) or not isinstance(held.get("rule"), str) or held["rule"] not in rules or (
+            set(held) - fields):
+        raise damaged("held_out", f"is {held!r}, not a rule of {', '.join(rules)}")
+    count(held.get("seed"), "held_out.seed")
+    for key in rules[held["rule"]]:
+        if key == "fraction":
+            if not isinstance(held.get(key), float) or not 0 <= held[key] <= 1:
+                raise damaged("held_out.fraction", f"is {held.get(key)!r}, not a fraction")
+        else:
+            count(held.get(key), f"held_out.{key}")
+    splits = metadata.get("splits")
+    if not isinstance(splits, dict):
+        raise damaged("splits", f"is {splits!r}, not an object")
+    for name in SPLITS:
+        split = splits.get(name)
+        if not isinstance(split, dict) or not isinstance(split.get("shards"), list):
+            raise damaged(f"splits.{name}", "is not a split (tokens, documents, shards)")
+        for k, shard in enumerate(split["shards"]):
+            field, names = f"splits.{name}.shards[{k}]", shard_files(name, k)
+            files = shard.get("files") if isinstance(shard, dict) else None
+            if not isinstance(files, dict) or set(files) != set(names):
+                raise damaged(field, f"does not list the files {' and '.join(names)}")
+            count(shard.get("tokens"), f"{field}.tokens", 1)
+            count(shard.get("documents"), f"{field}.documents", 1)
+            for file_name, file in shard["files"].items():
+                if not isinstance(file, dict):
+                    raise damaged(f"{field}.files.{file_name}", "is not an object (bytes, sha256)")
+                count(file.get("bytes"), f"{field}.files.{file_name}.bytes")
+                text(file.get("sha256"), f"{field}.files.{file_name}.sha256")
+        for key in ("tokens", "documents"):
+            total = sum(shard[key] for shard in split["shards"])
+            if count(split.get(key), f"splits.{name}.{key}") != total:
+                raise damaged(f"splits.{name}.{key}", f"is {split[key]}, but its shards hold {total}")
+    if _corpus_fingerprint(metadata) != metadata["fingerprint"]:
+        raise damaged("fingerprint", "is not the one of the shard files and tokenizer it lists (it was edited)")

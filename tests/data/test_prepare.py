@@ -130,9 +130,9 @@ def test_a_vocabulary_beyond_16_bits_writes_uint32(tmp_path, source):
     tokenizer.save_pretrained(tmp_path / "big")
     text = tmp_path / "big.txt"
     text.write_text("plain words\n\n\nand <extra_65535> the last added token", encoding="utf-8")
-    corpus = prepare(str(text), tmp_path / "out", tokenizer=str(tmp_path / "big"), validation_fraction=0,
+    corpus = prepare(str(text), tmp_path / "out", tokenizer=str(tmp_path / "big"), validation_documents=1,
                      progress=False)
-    tokens = corpus.train.shard(0)[0]
+    tokens = np.concatenate([corpus.train.shard(0)[0], corpus.validation.shard(0)[0]])
     assert corpus.dtype == np.uint32 and tokens.dtype == np.uint32 and int(tokens.max()) >= 2 ** 16
     assert interleaved(corpus, 2) == source_documents(text)
 
@@ -357,7 +357,7 @@ def test_bad_input_gets_one_line(tmp_path, source, tokenizer_folder, reference):
     assert "notes.txt" in error_line(results["foreign"], "prepare")
     assert "other settings: --shard-tokens 4000 (now 99)" in error_line(results["other_prepare"], "prepare")
     assert "other settings: --tokenizer" in error_line(results["other_tokenizer"], "prepare")
-    assert "--validation-fraction must be in [0, 1)" in error_line(results["fraction"], "prepare")
+    assert "--validation-fraction must be in (0, 1)" in error_line(results["fraction"], "prepare")
     assert results["ok"][0] == 0, results["ok"][1][-3000:]
     corpus = PreparedCorpus(tmp_path / "o6")
     assert corpus.train.num_documents + corpus.validation.num_documents == len(source_documents(source))
@@ -392,3 +392,248 @@ def test_max_tokens_cuts_at_the_first_document_reaching_it_and_a_killed_cut_prep
         prepare(str(jsonl_source), tmp_path / "cut", num_proc=1, max_tokens=limit + 1, **settings)
     with pytest.raises(ValueError, match="--max-tokens must be at least 1"):
         prepare(str(jsonl_source), tmp_path / "zero", max_tokens=0, **settings)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Refusals, the lock, links, and damaged folders (issue 42)
+
+
+def prepare_error(capsys, argv: list[str]) -> str:
+    """The one error line `rotarium prepare ARGV` ends with (exit code 2), run in this process."""
+    from rotarium.cli import main
+
+    code = main(["prepare", *argv, "--no-progress"])
+    err = capsys.readouterr().err
+    assert code == 2 and "Traceback" not in err, err[-3000:]
+    message = err.strip().splitlines()[-1]
+    assert message.startswith("rotarium prepare: error: "), err[-3000:]
+    return message
+
+
+def test_prepare_never_writes_through_a_link_inside_out(tmp_path, capsys, source, tokenizer_folder):
+    outside = tmp_path / "elsewhere"
+    outside.mkdir()
+    (outside / ".00000.tokens.npy.abc.tmp").write_text("someone else's temporary file")
+    (outside / "00000.tokens.npy").write_text("someone else's file")
+    before = folder_bytes(outside)
+    tok = ["--tokenizer", str(tokenizer_folder)]
+    linked_split = tmp_path / "out"
+    linked_split.mkdir()
+    (linked_split / "train").symlink_to(outside, target_is_directory=True)
+    message = prepare_error(capsys, [str(source), str(linked_split), *tok])
+    assert f"{linked_split / 'train'} is a symbolic link (to {outside})" in message
+    linked_file = tmp_path / "out2"
+    (linked_file / "validation").mkdir(parents=True)
+    (linked_file / "validation" / "00000.tokens.npy").symlink_to(outside / "00000.tokens.npy")
+    message = prepare_error(capsys, [str(source), str(linked_file), *tok])
+    assert f"{linked_file / 'validation' / '00000.tokens.npy'} is a symbolic link" in message
+    assert folder_bytes(outside) == before and sorted(os.listdir(outside)) == sorted(before)
+    assert sorted(os.listdir(linked_split)) == ["train"] and sorted(os.listdir(linked_file)) == ["validation"]
+
+
+def test_a_long_document_is_tokenised_in_pieces_with_the_ids_of_the_whole(monkeypatch):
+    """The tokenizer is never given more than a piece at once (its memory grows with the text), and the ids are
+    those of the whole text, for a byte-level BPE, a SentencePiece-style one that puts a space before each text
+    (Llama 2's) and a Metaspace one."""
+    from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    from rotarium.data.batches import tokenize
+    from rotarium.data.prepared import DocumentEncoder
+
+    documents = embedded_documents()[:DOCUMENTS]
+
+    def sentencepiece_like(prepend: bool) -> PreTrainedTokenizerFast:
+        tok = Tokenizer(models.BPE(unk_token="<unk>"))
+        tok.pre_tokenizer = pre_tokenizers.Metaspace(prepend_scheme="first")
+        tok.train_from_iterator(documents, trainers.BpeTrainer(vocab_size=400, show_progress=False,
+                                                               special_tokens=["<unk>", "<s>", "</s>"]))
+        if prepend:
+            tok.normalizer = normalizers.Sequence([normalizers.Prepend("▁"), normalizers.Replace(" ", "▁")])
+            tok.pre_tokenizer = None
+        tok.decoder = decoders.Metaspace(prepend_scheme="first")
+        return PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>", bos_token="<s>", eos_token="</s>")
+
+    tokenizers = {"byte-level": train_bpe(documents, 300), "llama 2": sentencepiece_like(True),
+                  "metaspace": sentencepiece_like(False)}
+    long = " ".join(documents) + "  two spaces,\ta tab and\n\na last line"
+    texts = ["a short one", long, "and another"]
+    given: list[int] = []
+    call = PreTrainedTokenizerFast.__call__
+
+    def recording(self, text, *args, **kwargs):
+        given.extend(map(len, [text] if isinstance(text, str) else text))
+        return call(self, text, *args, **kwargs)
+
+    for name, tokenizer in tokenizers.items():
+        whole = [ids + [tokenizer.eos_token_id] for ids in tokenize(tokenizer, texts)]
+        encoder = DocumentEncoder(tokenizer, np.uint16, piece_characters=2000)
+        given.clear()
+        monkeypatch.setattr(PreTrainedTokenizerFast, "__call__", recording)
+        flat, lengths = encoder(texts)
+        monkeypatch.setattr(PreTrainedTokenizerFast, "__call__", call)
+        assert encoder.pieces.drop == (1 if name == "llama 2" else 0), name
+        assert len(long) > 50 * 2000 and max(given) <= 2000, (name, max(given))
+        assert lengths.tolist() == list(map(len, whole)), name
+        assert flat.tolist() == [i for ids in whole for i in ids], name
+
+
+def test_out_inside_source_and_other_sources_are_refused_before_anything_is_written(tmp_path, source,
+                                                                                     tokenizer_folder, reference):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    folder = tmp_path / "corpus"
+    folder.mkdir()
+    (folder / "docs.jsonl").write_text("".join(json.dumps({"text": d}) + "\n" for d in embedded_documents()[:20]))
+    with pytest.raises(ValueError, match=r"OUT .* overlaps the SOURCE .* \(it lies inside the SOURCE\).*read as "
+                                         "documents"):
+        prepare(str(folder), folder / "prepared", tokenizer=str(tokenizer_folder), progress=False)
+    assert os.listdir(folder) == ["docs.jsonl"]
+    with pytest.raises(ValueError, match=f"SOURCE {reference} is a prepared folder .*--data.source {reference}"):
+        prepare(str(reference), tmp_path / "out", tokenizer=str(tokenizer_folder), progress=False)
+    with pytest.raises(ValueError, match="--config sample names a configuration of a Hub dataset, but SOURCE .* is "
+                                         "a local file or folder, which has none: drop --config"):
+        prepare(str(source), tmp_path / "out", hub_config="sample", tokenizer=str(tokenizer_folder), progress=False)
+    empty = tmp_path / "empty.parquet"
+    pq.write_table(pa.table({"text": pa.array([], pa.string())}), empty)
+    with pytest.raises(ValueError, match=f"`data.source={empty}` is empty: no parquet rows"):
+        prepare(str(empty), tmp_path / "out", tokenizer=str(tokenizer_folder), progress=False)
+    assert sorted(os.listdir(tmp_path)) == ["corpus", "empty.parquet"]
+
+
+def test_a_second_prepare_into_a_folder_in_use_stops_naming_the_first(tmp_path, source, tokenizer_folder):
+    from rotarium.utils.lock import FolderLock
+
+    out = tmp_path / "out"
+    lock = FolderLock(out, "OUT", "prepare")
+    try:
+        with pytest.raises(ValueError, match=f"OUT {out} is in use by another prepare: PID {os.getpid()}"):
+            prepare(str(source), out, tokenizer=str(tokenizer_folder), progress=False)
+        assert os.listdir(out) == [".lock"]
+    finally:
+        lock.release()
+    corpus = prepare(str(source), out, tokenizer=str(tokenizer_folder), progress=False)
+    assert corpus.train.num_documents and not (out / ".lock").exists()
+
+
+def test_bad_flags_name_themselves(tmp_path, capsys, source, tokenizer_folder):
+    tok = [str(source), str(tmp_path / "out"), "--tokenizer", str(tokenizer_folder)]
+    for value in ("nan", "inf", "-inf"):
+        assert f"--max-tokens must be at least 1 and finite (a number of tokens, such as 27e9), got {float(value)}" \
+            in prepare_error(capsys, [*tok, f"--max-tokens={value}"])
+    assert "--config sample names a configuration of a Hub dataset" in prepare_error(capsys, [*tok, "--config",
+                                                                                          "sample"])
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_folder_without_validation_documents_is_refused(tmp_path, capsys, jsonl_source, tokenizer_folder):
+    tok = [str(jsonl_source), str(tmp_path / "out"), "--tokenizer", str(tokenizer_folder)]
+    assert "--validation-fraction must be in (0, 1), got 0.0" in prepare_error(capsys, [*tok, "--validation-fraction",
+                                                                                        "0"])
+    assert "--validation-documents must be at least 1, got 0" in prepare_error(capsys, [*tok, "--validation-documents",
+                                                                                         "0"])
+    assert not (tmp_path / "out").exists()
+    # a stream holding out by a hash that no document of this one falls under
+    assert not any(map(held_out_rule(True, None, 0.001, None, 0).decider(), range(DOCUMENTS)))
+    with pytest.raises(ValueError, match="no document was held out for validation.*cannot be completed: remove it"):
+        prepare(str(jsonl_source), tmp_path / "stream", tokenizer=str(tokenizer_folder), streaming=True,
+                validation_fraction=0.001, progress=False)
+    with pytest.raises(ValueError, match="did not finish"):
+        PreparedCorpus(tmp_path / "stream")
+
+
+def test_a_tokenizer_that_cannot_load_fails_at_once_and_leaves_no_out(tmp_path, capsys, monkeypatch, source):
+    import socket
+
+    from huggingface_hub import constants
+
+    out = tmp_path / "out"
+    missing = tmp_path / "my_tokenizer"
+    message = prepare_error(capsys, [str(source), str(out), "--tokenizer", str(missing)])
+    assert f"--tokenizer {missing}: no such folder" in message
+    assert "./my_tokenizer: no such folder" in prepare_error(capsys, [str(source), str(out), "--tokenizer",
+                                                                      "./my_tokenizer"])
+
+    def no_network(*args, **kwargs):
+        raise socket.gaierror(socket.EAI_NONAME, "Name or service not known")
+
+    monkeypatch.setattr(socket, "getaddrinfo", no_network)
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    for name in ("HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy"):
+        monkeypatch.delenv(name, raising=False)
+    message = prepare_error(capsys, [str(source), str(out), "--tokenizer", "someone/no-such-tokenizer"])
+    assert "--tokenizer someone/no-such-tokenizer could not be loaded" in message
+    assert "cannot be reached from here and it is not in the Hugging Face cache" in message
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    message = prepare_error(capsys, [str(source), str(out), "--tokenizer", "someone/no-such-tokenizer"])
+    assert "HF_HUB_OFFLINE is set, so only a tokenizer already in the Hugging Face cache loads" in message
+    assert not out.exists()
+
+
+def test_a_full_disk_names_the_file_and_loses_nothing(tmp_path, capsys, monkeypatch, source, tokenizer_folder,
+                                                      reference):
+    import errno
+
+    def full(*args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    out = tmp_path / "out"
+    monkeypatch.setattr(np, "save", full)
+    message = prepare_error(capsys, [str(source), str(out), "--tokenizer", str(tokenizer_folder), "--shard-tokens",
+                                     str(SHARD_TOKENS), "--num-proc", "1"])
+    assert "No space left on device" in message and f"{out / 'train' / '00000.tokens.npy'}" in message
+    assert not [p for p in out.rglob("*") if ".tmp" in p.name]
+    monkeypatch.undo()
+    prepare(str(source), out, tokenizer=str(tokenizer_folder), shard_tokens=SHARD_TOKENS, num_proc=1,
+            progress=False)
+    assert folder_bytes(out) == folder_bytes(reference)
+
+
+def copy_of(folder: Path, to: Path) -> Path:
+    for name, data in folder_bytes(folder).items():
+        (to / name).parent.mkdir(parents=True, exist_ok=True)
+        (to / name).write_bytes(data)
+    return to
+
+
+def test_a_zeroed_shard_or_an_edited_metadata_gets_one_line_naming_it(tmp_path, reference):
+    copy = copy_of(reference, tmp_path / "copy")
+    shard = copy / "train" / "00001.tokens.npy"
+    shard.write_bytes(bytes(shard.stat().st_size))
+    with pytest.raises(ValueError, match=f"shard file {shard} is damaged \\(not a .npy array"):
+        PreparedCorpus(copy)
+    shard.write_bytes((reference / "train" / "00001.tokens.npy").read_bytes())
+    metadata = json.loads((copy / "metadata.json").read_text())
+
+    def edited(change) -> str:
+        record = json.loads(json.dumps(metadata))
+        change(record)
+        (copy / "metadata.json").write_text(json.dumps(record))
+        with pytest.raises(ValueError) as caught:
+            PreparedCorpus(copy)
+        message = str(caught.value)
+        assert "\n" not in message and message.startswith(f"{copy / 'metadata.json'} is damaged: ") or \
+            message.startswith("shard file "), message
+        return message
+
+    tokens = metadata["splits"]["train"]["tokens"]
+    assert f"`splits.train.tokens` is {tokens // 10}, but its shards hold {tokens}" in edited(
+        lambda r: r["splits"]["train"].update(tokens=tokens // 10))
+
+    def shard_cut(record):  # the shard and the split total cut alike: the file's own header disagrees
+        first = record["splits"]["train"]["shards"][0]
+        record["splits"]["train"]["tokens"] -= first["tokens"] - first["tokens"] // 10
+        first["tokens"] //= 10
+
+    assert "00000.tokens.npy is damaged (it holds uint16" in edited(shard_cut)
+    assert "`splits.train.shards[1]` does not list the files" in edited(
+        lambda r: r["splits"]["train"]["shards"].__setitem__(1, "gone"))
+    assert "`tokenizer.eos_id` is 'x', not a whole number" in edited(lambda r: r["tokenizer"].update(eos_id="x"))
+    assert "`dtype` is 'float32', not uint16 or uint32" in edited(lambda r: r.update(dtype="float32"))
+    assert "`held_out` is None, not a rule" in edited(lambda r: r.update(held_out=None))
+    assert "`splits.validation` is not a split" in edited(lambda r: r["splits"].pop("validation"))
+    assert "`fingerprint` is not the one of the shard files" in edited(
+        lambda r: r["splits"]["train"]["shards"][0]["files"]["train/00000.tokens.npy"].update(sha256="0" * 64))
+    (copy / "metadata.json").write_text(json.dumps(metadata))
+    PreparedCorpus(copy).verify()
