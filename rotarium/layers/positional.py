@@ -17,6 +17,7 @@ from __future__ import annotations
 import functools
 import json
 import math
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any, ClassVar
 
@@ -36,11 +37,36 @@ from rotarium.ops.utils import plain_linear
 from rotarium.utils.deprecation import renamed_module_attributes
 
 POSITION_ENCODINGS = ("nope", "rope", "rove", "selective_rope")
+# the options that rotate by position times a frequency: the ones with RoPE frequencies, which a scaling rescales
+ROPE_FREQUENCY_ENCODINGS = ("rope", "rove")
 SPECTRA = ("rope", "rfa")
 # transformers' RoPE scalings; "default" (or no `rope_parameters`) is unscaled RoPE
 ROPE_SCALINGS = ("linear", "dynamic", "yarn", "llama3", "longrope")
 # the scalings whose frequencies depend on the length of the sequence at hand (transformers' `dynamic_rope_update`)
 LENGTH_DEPENDENT_SCALINGS = ("dynamic", "longrope")
+# Fields that transformers (>= 5) keeps inside `rope_parameters` as well, where its models read them
+ROPE_PARAMETERS_FIELDS = ("rope_theta", "partial_rotary_factor")
+
+
+def rope_type_of(parameters: Any) -> str:
+    """The ``rope_type`` of transformers' ``rope_parameters`` (the legacy key ``type`` of the deprecated
+    ``rope_scaling`` reads as it): ``"default"``, unscaled RoPE, where it names none or is not a dict."""
+    if not isinstance(parameters, Mapping):
+        return "default"
+    return parameters.get("rope_type") or parameters.get("type") or "default"
+
+
+def rope_fields_in(parameters: Any) -> dict[str, Any]:
+    """The fields of :data:`ROPE_PARAMETERS_FIELDS` that ``rope_parameters`` holds. As in transformers, whose models
+    read them there, those are the values in use; the fields of the same names set the others."""
+    if not isinstance(parameters, Mapping):
+        return {}
+    return {name: parameters[name] for name in ROPE_PARAMETERS_FIELDS if parameters.get(name) is not None}
+
+
+def _is_real(value: Any) -> bool:
+    """Whether ``value`` is a finite real number (not a bool, a string or NaN)."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
 def _option(default: Any, doc: str) -> Any:
@@ -109,6 +135,9 @@ class PositionalSettings:
         "without a decay of their own (Transformer, plain DeltaNet); `True` is refused for the others.")
 
     def __post_init__(self) -> None:
+        # rope_theta and partial_rotary_factor inside rope_parameters are the ones used (see rope_fields_in)
+        for name, value in rope_fields_in(self.rope_parameters).items():
+            object.__setattr__(self, name, value)
         self.validate()
 
     @classmethod
@@ -122,22 +151,25 @@ class PositionalSettings:
     def rope_scaling(self) -> dict | None:
         """``rope_parameters`` as transformers' functions read them (``rope_type``, its keys, ``rope_theta``), or None
         where RoPE is unscaled. The legacy key ``type`` (of the deprecated ``rope_scaling``) reads as ``rope_type``."""
-        parameters = dict(self.rope_parameters or {})
-        rope_type = parameters.pop("rope_type", None) or parameters.pop("type", None) or "default"
-        parameters.pop("type", None)
+        rope_type = rope_type_of(self.rope_parameters)
         if rope_type == "default":
             return None
+        parameters = dict(self.rope_parameters)
+        for key in ("rope_type", "type"):
+            parameters.pop(key, None)
         parameters.pop("partial_rotary_factor", None)  # the view's head size is the rotated size itself
         return {**parameters, "rope_type": rope_type, "rope_theta": float(self.rope_theta)}
 
     def validate(self) -> None:
         if self.position_encoding not in POSITION_ENCODINGS:
             raise ValueError(f"`position_encoding` must be one of {POSITION_ENCODINGS}, got {self.position_encoding!r}")
+        inside = rope_fields_in(self.rope_parameters)  # a message names where its value came from
+        theta, partial = (f"rope_parameters.{name}" if name in inside else name for name in ROPE_PARAMETERS_FIELDS)
+        if not _is_real(self.partial_rotary_factor) or not 0 < self.partial_rotary_factor <= 1:
+            raise ValueError(f"`{partial}` must be in (0, 1], got {self.partial_rotary_factor!r}")
+        if not _is_real(self.rope_theta) or self.rope_theta <= 1:
+            raise ValueError(f"`{theta}` must be > 1, got {self.rope_theta!r}")
         self._validate_rope_parameters()
-        if not 0 < self.partial_rotary_factor <= 1:
-            raise ValueError(f"`partial_rotary_factor` must be in (0, 1], got {self.partial_rotary_factor}")
-        if self.rope_theta <= 1:
-            raise ValueError(f"`rope_theta` must be > 1, got {self.rope_theta}")
         if self.selective_rope_rank is not None and (
                 not isinstance(self.selective_rope_rank, int) or self.selective_rope_rank < 1):
             raise ValueError(
@@ -170,13 +202,6 @@ class PositionalSettings:
         if not isinstance(self.max_position_embeddings, int) or self.max_position_embeddings < 1:
             raise ValueError(f"`max_position_embeddings` must be a positive integer, got "
                              f"{self.max_position_embeddings!r}")
-        parameters = self.rope_parameters or {}
-        # transformers keeps rope_theta and partial_rotary_factor inside the dict; rotarium's fields are the truth
-        for name in ("rope_theta", "partial_rotary_factor"):
-            if name in parameters and parameters[name] is not None and \
-                    float(parameters[name]) != float(getattr(self, name)):
-                raise ValueError(f"`rope_parameters.{name}` = {parameters[name]} disagrees with the field `{name}` = "
-                                 f"{getattr(self, name)}; set `{name}` and leave it out of `rope_parameters`")
         scaling = self.rope_scaling()
         if scaling is None:
             return

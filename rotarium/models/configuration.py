@@ -23,10 +23,9 @@ from transformers import PretrainedConfig
 
 from rotarium.layers import PositionalSettings, build_mixer
 from rotarium.layers.mlp import default_intermediate_size
+from rotarium.layers.positional import ROPE_FREQUENCY_ENCODINGS, ROPE_PARAMETERS_FIELDS, rope_fields_in, rope_type_of
 from rotarium.utils.deprecation import renamed_method, warn_renamed
 
-# The positional layer's fields, declared once by its settings (their names, types, defaults and documentation)
-POSITIONAL_FIELDS = tuple(f.name for f in fields(PositionalSettings))
 # What every preset shares: untied embeddings, the Llama-2 / Mistral vocabulary, 24 layers.
 PRESET_BASE: dict[str, Any] = {"vocab_size": 32000, "num_hidden_layers": 24, "tie_word_embeddings": False}
 # What GPT-2-shaped presets share over the base: GPT-2's vocabulary and context, tied embeddings.
@@ -124,15 +123,20 @@ class RotariumConfig(PretrainedConfig):
         self.use_cache = use_cache
         positional = {f.name: kwargs.pop(f.name, f.default) for f in fields(PositionalSettings)}
         rope_parameters = positional.pop("rope_parameters")
+        if isinstance(rope_parameters, Mapping):
+            rope_parameters = dict(rope_parameters)
+            positional.update(rope_fields_in(rope_parameters))  # the values in use, as in transformers
         for name, value in positional.items():
             setattr(self, name, value)
-        # Before transformers' init, which reads the deprecated `rope_scaling` into it and standardises it in place.
-        # An option that does not rotate by position and has none gets none: transformers would give it a default
-        # one and then check it (refusing an odd head size, which those options allow).
-        rotates = (self.position_encoding in ("rope", "rove") or rope_parameters is not None
+        # transformers' convention: a config carries `rope_parameters` only where its model has RoPE frequencies
+        # (its utilities and tests take any config with the attribute for a RoPE model). A scaling given to another
+        # option is kept for the settings to refuse by name. Set before transformers' init, which reads the
+        # deprecated `rope_scaling` into it and standardises it in place.
+        carries = (self.position_encoding in ROPE_FREQUENCY_ENCODINGS or rope_type_of(rope_parameters) != "default"
+                   or (rope_parameters is not None and not isinstance(rope_parameters, dict))
                    or "rope_scaling" in kwargs)
-        if rotates:
-            self.rope_parameters = None if rope_parameters is None else dict(rope_parameters)
+        if carries:
+            self.rope_parameters = rope_parameters
         try:
             super().__init__(pad_token_id=pad_token_id, bos_token_id=bos_token_id, eos_token_id=eos_token_id,
                              tie_word_embeddings=tie_word_embeddings, **kwargs)
@@ -140,9 +144,33 @@ class RotariumConfig(PretrainedConfig):
             if isinstance(error, ValueError) or not isinstance(error.__cause__, (ValueError, TypeError)):
                 raise
             raise ValueError(str(error.__cause__)) from error  # a bad config is a ValueError here, as everywhere
-        if not rotates:
-            self.rope_parameters = None
+        if (hasattr(self, "rope_parameters") and self.position_encoding not in ROPE_FREQUENCY_ENCODINGS
+                and rope_type_of(self.rope_parameters) == "default"):
+            del self.rope_parameters  # an unscaled `rope_scaling` read in, or one saved before the option changed
         self.validate_fields()
+
+    def __setattr__(self, key: str, value: Any) -> None:
+        super().__setattr__(key, value)
+        # transformers' models read these inside rope_parameters: setting the field (or from_pretrained(...,
+        # rope_theta=...)) sets it there too, so that both say the value in use
+        if key in ROPE_PARAMETERS_FIELDS and isinstance(self.__dict__.get("rope_parameters"), dict):
+            self.__dict__["rope_parameters"][key] = value
+
+    @classmethod
+    def from_dict(cls, config_dict: dict[str, Any], **kwargs) -> RotariumConfig:
+        """transformers' ``from_dict``, where a ``rope_parameters`` override (``from_pretrained(path,
+        rope_parameters=...)``) goes to ``__init__`` with the saved values: transformers sets an override only on a
+        config that has the attribute, and would pass it to the model as an unknown argument otherwise, where it
+        is a scaling to refuse by name."""
+        if "rope_parameters" in kwargs:
+            config_dict = {**config_dict, "rope_parameters": kwargs.pop("rope_parameters")}
+        return super().from_dict(config_dict, **kwargs)
+
+    def to_dict(self) -> dict[str, Any]:
+        output = super().to_dict()
+        # the fields as used, where rope_parameters was edited in place (transformers' way)
+        output.update(rope_fields_in(output.get("rope_parameters")))
+        return output
 
     @classmethod
     def from_preset(cls, name: str, **overrides: Any) -> RotariumConfig:
@@ -196,10 +224,14 @@ class RotariumConfig(PretrainedConfig):
                  if name != "self" and parameter.kind in (parameter.POSITIONAL_OR_KEYWORD, parameter.KEYWORD_ONLY)]
         return list(dict.fromkeys(names))
 
+    def positional_values(self) -> dict[str, Any]:
+        """The positional fields by name; ``rope_parameters`` is None where the config does not carry it."""
+        return {f.name: getattr(self, f.name, f.default) for f in fields(PositionalSettings)}
+
     @property
     def positional_settings(self) -> PositionalSettings:
         """The positional fields as the layer's settings, which check them when made."""
-        return PositionalSettings.from_dict({name: getattr(self, name) for name in POSITIONAL_FIELDS})
+        return PositionalSettings.from_dict(self.positional_values())
 
     def mixer_kwargs(self) -> dict[str, Any]:
         return {"hidden_size": self.hidden_size, "num_heads": self.num_heads, "norm_eps": self.norm_eps,

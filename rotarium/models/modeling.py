@@ -24,7 +24,6 @@ from rotarium.layers import MIXERS, Block, HeadRMSNorm, RMSNorm, SequenceInfo, S
 from rotarium.models.cache import RotariumCache, RotariumCacheLayer, rotarium_layers
 from rotarium.models.configuration import (
     CONFIGS,
-    POSITIONAL_FIELDS,
     DeltaNetConfig,
     FoXConfig,
     GLAConfig,
@@ -313,10 +312,10 @@ def set_activation_checkpointing(model: PreTrainedModel, enabled: bool = True, *
 def decoding_state_settings(config: RotariumConfig) -> dict:
     """What a model's decoding states depend on: its family, depth and the mixers' options (the positional
     options among them). A :class:`RotariumCache` records them, to be refused by a model with others."""
-    names = ("hidden_size", "num_heads", "norm_eps", *config.mixer_fields, *POSITIONAL_FIELDS)
+    names = ("hidden_size", "num_heads", "norm_eps", *config.mixer_fields)
     # copies, so that a config changed in place later cannot change what a cache recorded
     return {"family": config.family, "num_hidden_layers": config.num_hidden_layers,
-            **{name: copy.deepcopy(getattr(config, name)) for name in names}}
+            **copy.deepcopy({**{name: getattr(config, name) for name in names}, **config.positional_values()})}
 
 
 class RotariumForCausalLM(RotariumPreTrainedModel, GenerationMixin):

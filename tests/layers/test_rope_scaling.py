@@ -181,7 +181,8 @@ def test_factor_one_is_the_unscaled_layer(name, encoding):
 
 @pytest.mark.parametrize(("parameters", "match"), [
     ({"rope_type": "ntk", "factor": 2.0}, "rope_parameters.rope_type"),
-    ({"rope_type": "yarn", "factor": 2.0, "rope_theta": 5.0}, "rope_parameters.rope_theta"),
+    ({"rope_type": "yarn", "factor": 2.0, "rope_theta": 0.5}, "`rope_parameters.rope_theta` must be > 1"),
+    ({"rope_type": "default", "partial_rotary_factor": "half"}, "`rope_parameters.partial_rotary_factor` must be in"),
 ])
 def test_bad_rope_parameters_raise_naming_the_key(parameters, match):
     with pytest.raises(ValueError, match=match):

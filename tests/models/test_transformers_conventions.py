@@ -7,16 +7,17 @@ rotarium's own kernels (sdpa, flash, flex), and custom 4D attention masks; and, 
 attention weights, the attention outputs (``has_attentions = False``): they raise a ``ValueError`` instead.
 """
 import inspect
+import json
 import warnings
 
 import pytest
 import torch
 import transformers.modeling_utils
-from transformers import GenerationMixin
+from transformers import AutoConfig, AutoModelForCausalLM, GenerationMixin
 from transformers.modeling_layers import GradientCheckpointingLayer
 
 from rotarium.layers import MIXERS, SoftmaxAttention
-from rotarium.models import FAMILY_MODELS, set_activation_checkpointing
+from rotarium.models import FAMILY_MODELS, set_activation_checkpointing, with_rope_parameters
 from tests.models.helpers import COMBINATIONS, FAMILIES, VOCAB, one_option_each, tiny_model
 
 # the softmax mixers form attention weights; the others (linear attention) form none
@@ -281,6 +282,83 @@ def test_options_that_do_not_rotate_by_position_keep_an_odd_head_size():
     from rotarium import GLAConfig, TransformerConfig
 
     config = GLAConfig(hidden_size=30, num_heads=3, head_dim=5, position_encoding="nope")
-    assert config.rope_parameters is None and config.head_dim == 5
+    assert not hasattr(config, "rope_parameters") and config.head_dim == 5
     with pytest.raises(ValueError, match="even rotary dimension"):
         TransformerConfig(position_encoding="rove", head_dim=7)
+
+
+# -- rope_parameters -------------------------------------------------------------------------------------------------
+
+ROTATES = {"nope": False, "rope": True, "rove": True, "selective_rope": False}
+
+
+@pytest.mark.parametrize(("family", "option"), COMBINATIONS)
+def test_only_configs_with_rope_frequencies_carry_rope_parameters(family, option, tmp_path):
+    """As transformers' own models without RoPE: transformers' utilities and rope-scaling tests take a config with
+    the attribute for a RoPE model. Saving, loading and rebuilding keep the rule."""
+    model = tiny_model(family, option)
+    assert hasattr(model.config, "rope_parameters") == ROTATES[option]
+    model.save_pretrained(tmp_path)
+    saved = json.loads((tmp_path / "config.json").read_text())
+    assert ("rope_parameters" in saved) == ROTATES[option]
+    loaded = AutoModelForCausalLM.from_pretrained(tmp_path).eval()
+    assert hasattr(loaded.config, "rope_parameters") == ROTATES[option]
+    assert hasattr(type(loaded.config).from_dict(loaded.config.to_dict()), "rope_parameters") == ROTATES[option]
+    ids = torch.randint(2, VOCAB, (1, 8))
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(ids).logits, model(ids).logits, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("option", ["nope", "selective_rope"])
+def test_a_scaling_given_to_an_option_without_rope_frequencies_is_refused_by_name(option, tmp_path):
+    tiny_model("gla", option).save_pretrained(tmp_path)
+    scaling = {"rope_type": "yarn", "factor": 4.0}
+    for load in (AutoModelForCausalLM.from_pretrained, AutoConfig.from_pretrained):
+        with pytest.raises(ValueError, match="`rope_parameters`"):
+            load(tmp_path, rope_parameters=scaling)
+    with pytest.raises(ValueError, match="`rope_parameters`"):
+        with_rope_parameters(tiny_model("gla", option), scaling)
+
+
+def test_switching_the_option_of_a_config_builds_and_saves():
+    """An option switched on a built config: a RoPE model from a NoPE config (rope_parameters absent: unscaled),
+    and a NoPE config from a RoPE one, which no longer carries rope_parameters once saved and loaded."""
+    config = tiny_model("transformer", "nope").config
+    config.position_encoding = "rope"
+    rope = FAMILY_MODELS["transformer"].lm(config)
+    assert rope.model.layers[0].mixer.positional.kind == "rope"
+    config = tiny_model("gla", "rope").config
+    config.position_encoding = "nope"
+    assert FAMILY_MODELS["gla"].lm(config).model.layers[0].mixer.positional.kind == "nope"
+    assert not hasattr(type(config).from_dict(config.to_dict()), "rope_parameters")
+
+
+@pytest.mark.parametrize("name", ["rope_theta", "partial_rotary_factor"])
+@pytest.mark.parametrize("option", ["rope", "rove"])
+def test_rope_values_inside_rope_parameters_are_the_ones_used(name, option, tmp_path):
+    """transformers 5 keeps rope_theta and partial_rotary_factor in rope_parameters and its models read them there:
+    a config edited that way, or built with a dict that says so, gives the model built with the field set; the field
+    stays a way to set them, before or after construction."""
+    value = {"rope_theta": 500.0, "partial_rotary_factor": 0.5}[name]
+    expected = tiny_model("transformer", option, **{name: value})
+    ids = torch.randint(2, VOCAB, (1, 8))
+    with torch.no_grad():
+        logits = expected(ids).logits
+        assert not torch.allclose(logits, tiny_model("transformer", option)(ids).logits)  # the value matters
+
+        def check(config):
+            model = FAMILY_MODELS["transformer"].lm(config).eval()
+            model.load_state_dict(expected.state_dict())
+            torch.testing.assert_close(model(ids).logits, logits, rtol=0, atol=0)
+
+        edited = tiny_model("transformer", option).config
+        edited.rope_parameters[name] = value  # transformers' way
+        check(edited)
+        check(type(edited).from_dict(edited.to_dict()))  # a saved config keeps it
+        given = tiny_model("transformer", option, rope_parameters={"rope_type": "default", name: value}).config
+        assert getattr(given, name) == value
+        check(given)
+        field = tiny_model("transformer", option).config
+        setattr(field, name, value)  # as from_pretrained(path, rope_theta=...) sets it
+        assert field.rope_parameters[name] == value
+        check(field)
