@@ -499,8 +499,8 @@ class RunFolder:
     # --------------------------------------------------------------------------------------- begin and abandon
     def begin(self, plan: FolderPlan, start_step: int, training_args: dict[str, Any]) -> None:
         """Once the run has its config, data and model: an ``--overwrite`` sets the old run aside in ``previous/``;
-        an allowed rewind sets aside what it replaces (:func:`set_aside_rewound`); the log starts
-        (:meth:`start_log`), which marks the folder as a run; then a run from step 0 moves its own tokenizer in."""
+        an allowed rewind sets aside what it replaces (:func:`set_aside_rewound`); a run from step 0 writes its
+        ``training_args.json``, which marks the folder as a run, then moves its own tokenizer in."""
         if not self.main:
             return
         if plan.replacing:
@@ -513,9 +513,9 @@ class RunFolder:
             logger.warning("--allow-rewind: the run goes back from step %d to step %d; its final model, later "
                            "checkpoints and metrics up to step %d are kept in %s", plan.rewind_from, start_step,
                            plan.rewind_from, aside)
-        self.start_log(start_step, training_args)
-        staged = self.tokenizer_home(plan) / TOKENIZER
-        if plan.checkpoint is None and staged.is_dir():
+        if plan.checkpoint is None:
+            write_json_atomic(self.path / TRAINING_ARGS, training_args)
+            staged = self.tokenizer_home(plan) / TOKENIZER
             if (self.path / TOKENIZER).exists():
                 logger.warning("%s is replaced by a tokenizer built from this run's config: the run starts from step "
                                "0, and only a run that continues a checkpoint reuses the folder's tokenizer",
@@ -536,12 +536,12 @@ class RunFolder:
 
     # ----------------------------------------------------------------------------------------------- metrics
     def start_log(self, start_step: int, training_args: dict[str, Any]) -> None:
-        """``training_args.json`` written and ``metrics.jsonl`` cut back to ``start_step`` (what a killed run logged
-        after its checkpoint goes)."""
+        """``metrics.jsonl`` cut back to ``start_step`` (what a killed run logged after its checkpoint goes) and
+        ``training_args.json`` written."""
         if self.main:
             self.path.mkdir(parents=True, exist_ok=True)
-            write_json_atomic(self.path / TRAINING_ARGS, training_args)
             truncate_metrics(self.metrics, start_step)
+            write_json_atomic(self.path / TRAINING_ARGS, training_args)
 
     def log(self, record: dict[str, Any]) -> None:
         if self.main:

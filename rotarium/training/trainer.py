@@ -315,6 +315,8 @@ class Trainer:
         from tqdm.auto import tqdm
 
         acc, t = self.accelerator, self.config.train
+        self.folder.start_log(self.start_step, self.training_args())
+        acc.wait_for_everyone()
         if self.start_step == 0:
             self._log({"step": 0, "event": "start", "world_size": acc.num_processes,
                        "first_batch_fingerprints": self._fingerprints(), "flops_per_token": self.flops_per_token,
