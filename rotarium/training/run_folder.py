@@ -42,6 +42,7 @@ from typing import Any
 from rotarium.training.lock import LOCK, RunLock
 from rotarium.training.metrics import append_record, plot_loss_curve, truncate_metrics
 from rotarium.utils.files import (
+    copy_file,
     file_sha256,
     fsync_tree,
     make_folder,
@@ -551,8 +552,7 @@ class RunFolder:
         """``loss_curve.png``, with a copy in the final model's ``eval/``."""
         if self.main:
             plot_loss_curve(self.metrics, self.path / LOSS_CURVE)
-            make_folder(self.final / EVAL)
-            shutil.copy(self.path / LOSS_CURVE, self.final / EVAL / LOSS_CURVE)
+            copy_file(self.path / LOSS_CURVE, make_folder(self.final / EVAL, inside=self.path) / LOSS_CURVE)
 
     # ----------------------------------------------------------------------------------------------- saving
     def stage(self, target: Path) -> Path:

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from rotarium.training.lock import RunLock
+from rotarium.training.run_folder import RunFolder
 from tests.cli_cases import error_line, run_cli_cases
 from tests.training.helpers import cli_args
 from tests.utils.helpers import SECRET, plant_link, secret_file
@@ -66,3 +67,21 @@ def test_train_and_eval_never_write_through_a_planted_link(tmp_path, corpus, out
     assert outside.read_text() == SECRET and sorted(os.listdir(outside.parent)) == ["secret.txt"]
     for written in (run / "loss_curve.png", final / "eval" / "perplexity.png", final / "eval" / "perplexity.json"):
         assert not written.is_symlink() and written.stat().st_size > 0, written
+
+
+def test_the_loss_curve_copy_never_goes_through_a_link(tmp_path, outside):
+    run = tmp_path / "run"
+    (run / "final" / "eval").mkdir(parents=True)
+    (run / "metrics.jsonl").write_text('{"step": 1, "loss": 2.0}\n{"step": 2, "loss": 1.5}\n')
+    plant_link(run / "final" / "eval" / "loss_curve.png", outside)
+    RunFolder(run).write_loss_curve()
+    copied = run / "final" / "eval" / "loss_curve.png"
+    assert not copied.is_symlink() and copied.read_bytes() == (run / "loss_curve.png").read_bytes()
+    assert outside.read_text() == SECRET
+
+    (run / "final" / "eval" / "loss_curve.png").unlink()
+    (run / "final" / "eval").rmdir()
+    (run / "final" / "eval").symlink_to(outside.parent, target_is_directory=True)
+    with pytest.raises(ValueError, match="symbolic link"):
+        RunFolder(run).write_loss_curve()
+    assert sorted(os.listdir(outside.parent)) == ["secret.txt"] and outside.read_text() == SECRET
