@@ -50,6 +50,7 @@ from typing import Any
 import torch
 
 from rotarium.hub.paths import check_output_folder, confined
+from rotarium.layers.positional import check_rope_parameters
 from rotarium.models import CONFIGS, FAMILY_MODELS
 from rotarium.utils.files import check_apart, copy_file, write_folder_atomic
 
@@ -396,6 +397,10 @@ def map_llama_config(config: Any) -> tuple[str, dict[str, Any]]:
              "rotarium computes these scalings with transformers' own functions")
     _require("llama", "rope_parameters.partial_rotary_factor", rope.get("partial_rotary_factor", 1.0), (1.0,),
              "Llama's rotary dims are the whole head")
+    try:  # transformers only warns of some values rotarium's configs refuse (a factor below 1)
+        check_rope_parameters(rope)
+    except ValueError as error:
+        raise ValueError(f"cannot convert llama: {error}") from None
     return "transformer", {
         "vocab_size": config.vocab_size, "hidden_size": config.hidden_size,
         "num_hidden_layers": config.num_hidden_layers, "num_heads": config.num_attention_heads,

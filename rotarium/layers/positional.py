@@ -69,6 +69,61 @@ def _is_real(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
+# The numbers of the scalings' keys: the bound each must pass (None: any finite number) and what would work.
+# transformers' validation asks factor >= 1 of every scaling here (it stretches the training length); the others
+# enter its functions as divisors or under logarithms.
+_SCALING_NUMBERS: dict[str, tuple[str | None, str]] = {
+    "factor": (">= 1", " (how many times the training length the scaling reaches, e.g. 4.0)"),
+    "attention_factor": ("> 0", " (the softmax temperature's factor; leave it out for the scaling's own)"),
+    "beta_fast": ("> 0", " (YaRN's rotation counts, 32 and 1 by default)"),
+    "beta_slow": ("> 0", " (YaRN's rotation counts, 32 and 1 by default)"),
+    "low_freq_factor": ("> 0", " (Llama 3 uses 1.0 and 4.0)"),
+    "high_freq_factor": ("> 0", " (Llama 3 uses 1.0 and 4.0)"),
+    "mscale": (None, ""),
+    "mscale_all_dim": (None, ""),
+}
+_BOUNDS = {">= 1": lambda value: value >= 1, "> 0": lambda value: value > 0, None: lambda value: True}
+
+
+def check_rope_parameters(parameters: Any) -> None:
+    """Raises ``ValueError`` naming the key of transformers' ``rope_parameters`` (None or a dict) that cannot work,
+    and what would: a ``rope_type`` of ``"default"`` or :data:`ROPE_SCALINGS`; the factors finite numbers, ``factor``
+    >= 1 and the others > 0 (``high_freq_factor`` above ``low_freq_factor``); LongRoPE's per-pair factors lists of
+    numbers > 0; ``original_max_position_embeddings`` a positive integer. transformers' own functions would give a
+    math domain error, a TypeError or NaN frequencies instead. What depends on the model (the option, the number of
+    rotated pairs) is checked where the model is built."""
+    if parameters is None:
+        return
+    if not isinstance(parameters, Mapping):
+        raise ValueError(  # noqa: TRY004  (a bad config value: configs raise ValueError, as transformers')
+            f"`rope_parameters` must be a dict such as {{\"rope_type\": \"yarn\", \"factor\": 4.0}} or None, got "
+            f"{parameters!r}")
+    rope_type = rope_type_of(parameters)
+    if rope_type != "default" and rope_type not in ROPE_SCALINGS:
+        raise ValueError(f"`rope_parameters.rope_type` must be \"default\" or one of {ROPE_SCALINGS}, got "
+                         f"{rope_type!r}")
+    for key, (bound, hint) in _SCALING_NUMBERS.items():
+        value = parameters.get(key)
+        if value is not None and not (_is_real(value) and _BOUNDS[bound](value)):
+            rule = "a finite number" + (f" {bound}" if bound else "")
+            raise ValueError(f"`rope_parameters.{key}` must be {rule}{hint}, got {value!r}")
+    low, high = parameters.get("low_freq_factor"), parameters.get("high_freq_factor")
+    if low is not None and high is not None and not high > low:
+        raise ValueError("`rope_parameters.high_freq_factor` must be greater than `rope_parameters.low_freq_factor` "
+                         f"(the wavelengths between them are interpolated; Llama 3 uses 4.0 and 1.0), got {high!r} "
+                         f"and {low!r}")
+    for key in ("short_factor", "long_factor"):
+        value = parameters.get(key)
+        if value is not None and not (isinstance(value, (list, tuple)) and value and all(
+                _is_real(item) and item > 0 for item in value)):
+            raise ValueError(f"`rope_parameters.{key}` must be a list of finite numbers > 0, one per rotated key "
+                             f"pair, got {value!r}")
+    length = parameters.get("original_max_position_embeddings")
+    if length is not None and (not isinstance(length, int) or isinstance(length, bool) or length < 1):
+        raise ValueError("`rope_parameters.original_max_position_embeddings` must be a positive integer (the training "
+                         f"length the scaling extends; leave it out for `max_position_embeddings`), got {length!r}")
+
+
 def _option(default: Any, doc: str) -> Any:
     return field(default=default, metadata={"doc": doc})
 
@@ -196,18 +251,12 @@ class PositionalSettings:
             raise ValueError(f"`selective_rope_tau_max` must be > 0, got {self.selective_rope_tau_max}")
 
     def _validate_rope_parameters(self) -> None:
-        if self.rope_parameters is not None and not isinstance(self.rope_parameters, dict):
-            raise ValueError("`rope_parameters` must be a dict such as {\"rope_type\": \"yarn\", \"factor\": 4.0} or "
-                             f"None, got {self.rope_parameters!r}")
+        check_rope_parameters(self.rope_parameters)
         if not isinstance(self.max_position_embeddings, int) or self.max_position_embeddings < 1:
             raise ValueError(f"`max_position_embeddings` must be a positive integer, got "
                              f"{self.max_position_embeddings!r}")
-        scaling = self.rope_scaling()
-        if scaling is None:
+        if self.rope_scaling() is None:
             return
-        if scaling["rope_type"] not in ROPE_SCALINGS:
-            raise ValueError(f"`rope_parameters.rope_type` must be \"default\" or one of {ROPE_SCALINGS}, got "
-                             f"{scaling['rope_type']!r}")
         if self.position_encoding == "nope":
             raise ValueError("`rope_parameters` scales RoPE's frequencies: `position_encoding=\"nope\"` has none; use "
                              "\"rope\" or \"rove\", or leave `rope_parameters` unset")
@@ -371,6 +420,11 @@ class RoPE(PositionalEncoding):
             )
         self._rotary_dim = rotary_dim
         self._scaling = settings.rope_scaling()
+        for key in ("short_factor", "long_factor"):
+            factors = (self._scaling or {}).get(key)
+            if factors is not None and len(factors) != rotary_dim // 2:
+                raise ValueError(f"`rope_parameters.{key}` lists one factor per rotated key pair: {rotary_dim // 2} "
+                                 f"for the rotary size {rotary_dim}, got {len(factors)}")
         self._scaling_json = None if self._scaling is None else json.dumps(self._scaling, sort_keys=True)
         self._attention_factor = 1.0
         if self._scaling is not None:

@@ -257,6 +257,18 @@ def test_inexpressible_llama_options_raise_naming_the_field(tmp_path, changes, f
         convert_checkpoint(tmp_path / "llama", tmp_path / "out")
 
 
+@pytest.mark.parametrize("scaling", [{"rope_type": "linear", "factor": 0.5}, {"rope_type": "yarn", "factor": 4.0,
+                                                                              "original_max_position_embeddings": -1}])
+def test_a_llama_scaling_that_cannot_work_is_refused_naming_the_key(tmp_path, scaling):
+    """transformers only warns of a factor below 1; rotarium refuses it as it refuses it in its own configs."""
+    LlamaForCausalLM(LlamaConfig(**TINY_LLAMA)).save_pretrained(tmp_path / "llama")
+    edit_config(tmp_path / "llama", rope_parameters={**scaling, "rope_theta": 10000.0})
+    key = next(key for key in ("factor", "original_max_position_embeddings") if key in scaling and scaling[key] < 1)
+    with pytest.raises(ValueError, match=f"cannot convert llama: `rope_parameters.{key}` must be"):
+        convert_checkpoint(tmp_path / "llama", tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+
+
 @pytest.mark.parametrize(("changes", "field"), [({"qk_norm": True, "window_size": 8}, "window_size"),
                                                 ({"hidden_act": "powlu"}, "hidden_act")])
 def test_inexpressible_fla_transformer_options_raise(tmp_path, changes, field):

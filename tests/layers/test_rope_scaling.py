@@ -190,6 +190,46 @@ def test_bad_rope_parameters_raise_naming_the_key(parameters, match):
                                position_encoding="rope", rope_parameters=parameters)
 
 
+FACTOR_RULE = "`rope_parameters.factor` must be a finite number >= 1"
+LENGTH_RULE = "`rope_parameters.original_max_position_embeddings` must be a positive integer"
+BAD_VALUES = [
+    ({"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": -8}, LENGTH_RULE),
+    ({"rope_type": "llama3", "factor": 4.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+      "original_max_position_embeddings": 8.5}, LENGTH_RULE),
+    ({"rope_type": "linear", "factor": "4"}, FACTOR_RULE),
+    ({"rope_type": "linear", "factor": 0}, FACTOR_RULE),
+    ({"rope_type": "dynamic", "factor": 0.5}, FACTOR_RULE),
+    ({"rope_type": "yarn", "factor": float("nan")}, FACTOR_RULE),
+    ({"rope_type": "yarn", "factor": float("inf")}, FACTOR_RULE),
+    ({"type": "yarn", "factor": True}, FACTOR_RULE),
+    ({"rope_type": "yarn", "factor": 2.0, "beta_fast": -1}, "`rope_parameters.beta_fast` must be a finite number > 0"),
+    ({"rope_type": "yarn", "factor": 2.0, "attention_factor": 0.0},
+     "`rope_parameters.attention_factor` must be a finite number > 0"),
+    ({"rope_type": "yarn", "factor": 2.0, "mscale": "1"}, "`rope_parameters.mscale` must be a finite number"),
+    ({"rope_type": "llama3", "factor": 4.0, "low_freq_factor": 0.0, "high_freq_factor": 4.0},
+     "`rope_parameters.low_freq_factor` must be a finite number > 0"),
+    ({"rope_type": "llama3", "factor": 4.0, "low_freq_factor": 2.0, "high_freq_factor": 2.0},
+     "`rope_parameters.high_freq_factor` must be greater than `rope_parameters.low_freq_factor`"),
+    ({**SCALINGS["longrope"], "short_factor": [1.0, 0.0] * (HEAD // 4)},
+     "`rope_parameters.short_factor` must be a list of finite numbers > 0"),
+    ({**SCALINGS["longrope"], "long_factor": "2"}, "`rope_parameters.long_factor` must be a list of finite numbers"),
+    ({**SCALINGS["longrope"], "long_factor": [2.0] * 3}, "`rope_parameters.long_factor` lists one factor per rotated"),
+    ({"rope_type": 4, "factor": 2.0}, "`rope_parameters.rope_type` must be"),
+]
+
+
+@pytest.mark.parametrize(("parameters", "match"), BAD_VALUES)
+def test_scaling_values_that_cannot_work_raise_naming_the_key(parameters, match):
+    """Before transformers' functions meet them (a math domain error, a TypeError, NaN tables): the factors are finite
+    numbers, >= 1 for `factor` as transformers' validation requires of every scaling, the original length a
+    positive integer. Both where a config is made and where a loaded config's scaling reaches the layer."""
+    with pytest.raises(ValueError, match=match):
+        CONFIGS["transformer"](vocab_size=64, hidden_size=64, num_hidden_layers=1, num_heads=64 // HEAD,
+                               head_dim=HEAD, position_encoding="rope", rope_parameters=parameters)
+    with pytest.raises(ValueError, match=match):
+        rope_layer(parameters)
+
+
 def test_a_missing_key_raises_naming_it():
     """A config validates its keys with transformers' own check; settings that reach the layer without it (set on a
     loaded config) fail at construction, naming the key."""

@@ -44,3 +44,9 @@ def test_generation_keeps_the_models_settings_when_training_turned_the_cache_off
 def test_an_option_without_position_rotations_is_refused():
     with pytest.raises(ValueError, match="rope"):
         with_rope_parameters(tiny("gla", "nope"), YARN)
+
+
+@pytest.mark.parametrize("scaling", [{"rope_type": "linear", "factor": 0}, {"rope_type": "yarn", "factor": "2"}])
+def test_a_scaling_that_cannot_work_is_refused_naming_the_key(scaling):
+    with pytest.raises(ValueError, match="`rope_parameters.factor` must be a finite number >= 1"):
+        with_rope_parameters(tiny("transformer", "rope"), scaling)
