@@ -63,6 +63,7 @@ def check_rope_scaling(model: str, text: str) -> dict:
 
 # the flags that one evaluation reads: flag -> (its attribute, the evaluation)
 ONE_EVALUATION_FLAGS = {"--data": ("data", "perplexity"), "--max-tokens": ("max_tokens", "perplexity"),
+                        "--allow-data-change": ("allow_data_change", "perplexity"),
                         "--samples": ("samples", "--ruler"), "--seed": ("seed", "--ruler"),
                         "--ruler-words": ("ruler_words", "--ruler"),
                         "--num-fewshot": ("num_fewshot", "--tasks"), "--include-path": ("include_path", "--tasks")}
@@ -73,7 +74,8 @@ def check_flags(args: argparse.Namespace) -> None:
     running = {"--ruler": args.ruler is not None, "--tasks": args.tasks is not None}
     running["perplexity"] = not any(running.values())
     for flag, (attribute, evaluation) in ONE_EVALUATION_FLAGS.items():
-        if getattr(args, attribute) is None or running[evaluation]:
+        value = getattr(args, attribute)
+        if value is None or value is False or running[evaluation]:  # not given (False: a switch left off)
             continue
         if evaluation == "perplexity":
             raise ValueError(f"{flag} applies to perplexity only, which --ruler and --tasks replace (they bring their "

@@ -159,12 +159,13 @@ def test_a_perplexity_table_with_a_non_finite_loss_is_strict_json(tmp_path):
     (["--ruler", " , "], ["--ruler ' , '", "no task", "niah_single_1"]),
     (["--tasks", ""], ["--tasks ''", "names no task"]),
     (["--samples", "3"], ["--samples applies to --ruler only", "add --ruler TASKS"]),
-    (["--seed", "3"], ["--seed applies to --ruler only"]),
+    (["--seed", "0"], ["--seed applies to --ruler only"]),
     (["--ruler-words", "wonderwords"], ["--ruler-words applies to --ruler only"]),
-    (["--num-fewshot", "5"], ["--num-fewshot applies to --tasks only", "add --tasks TASKS"]),
+    (["--num-fewshot", "0"], ["--num-fewshot applies to --tasks only", "add --tasks TASKS"]),
     (["--include-path", "tasks"], ["--include-path applies to --tasks only"]),
     (["--ruler", "vt", "--data", "embedded"], ["--data applies to perplexity only", "leave --data out"]),
     (["--ruler", "vt", "--max-tokens", "100"], ["--max-tokens applies to perplexity only"]),
+    (["--ruler", "vt", "--allow-data-change"], ["--allow-data-change applies to perplexity only"]),
     (["--tasks", "piqa", "--samples", "3"], ["--samples applies to --ruler only"]),
     (["--max-tokens", "0"], ["--max-tokens must be >= 1, got 0"]),
     (["--batch-size", "0"], ["--batch-size must be >= 1, got 0"]),
@@ -204,3 +205,38 @@ def test_a_folder_where_a_result_goes_stops_eval_before_any_work(rove_checkpoint
                               str(out), *flags], capsys), "eval")
     assert f"--output-dir {out} holds a folder named {blocked}" in message
     assert sorted(p.name for p in out.iterdir()) == [blocked]
+
+
+@pytest.mark.parametrize(("scaling", "texts"), [
+    ({"rope_type": "linear", "factor": 0}, ["factor", "0"]),
+    ({"rope_type": "yarn", "factor": -2}, ["factor", "-2"]),
+    ({"rope_type": "yarn", "factor": 0.5}, ["factor", ">= 1", "0.5"]),
+    ({"rope_type": "yarn", "factor": "4"}, ["factor", "'4'"]),
+    ({"rope_type": "yarn", "factor": 4, "original_max_position_embeddings": -32},
+     ["original_max_position_embeddings", "-32"]),
+    ({"rope_type": "yarn", "factor": 4, "original_max_position_embeddings": 0}, ["original_max_position_embeddings"]),
+])
+def test_a_scaling_that_cannot_work_is_one_line_before_any_work(rove_checkpoint, text, tmp_path, capsys,
+                                                                 monkeypatch, scaling, texts):
+    for name in ("evaluation_documents", "perplexity_by_context"):
+        monkeypatch.setattr(perplexity, name, never)
+    out = tmp_path / "out"
+    message = error_line(run(["eval", "--model", str(rove_checkpoint), "--data", str(text), *SHORT, "--output-dir",
+                              str(out), "--rope-scaling", json.dumps(scaling)], capsys), "eval")
+    assert message.startswith("rotarium eval: error: --rope-scaling")
+    for part in texts:
+        assert part in message, f"{part!r} not in {message!r}"
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("constant", ["NaN", "Infinity", "-Infinity"])
+def test_a_non_finite_factor_is_one_line_before_any_work(rove_checkpoint, text, tmp_path, capsys, monkeypatch,
+                                                          constant):
+    for name in ("evaluation_documents", "perplexity_by_context"):
+        monkeypatch.setattr(perplexity, name, never)
+    out = tmp_path / "out"
+    message = error_line(run(["eval", "--model", str(rove_checkpoint), "--data", str(text), *SHORT, "--output-dir",
+                              str(out), "--rope-scaling", f'{{"rope_type": "linear", "factor": {constant}}}'],
+                             capsys), "eval")
+    assert message.startswith("rotarium eval: error: --rope-scaling") and "factor" in message
+    assert not out.exists()
