@@ -238,6 +238,17 @@ class RotariumConfig(PretrainedConfig):
                 "positional": self.positional_settings,
                 **{name: getattr(self, name) for name in self.mixer_fields}}
 
+    def _validate_longrope_rope_parameters(self, rope_parameters: dict[str, Any],
+                                           ignore_keys: set[str] | None = None) -> None:
+        """transformers' LongRoPE check, less its factor-list lengths: it sizes the lists by ``head_dim``, which a
+        rotarium config leaves None where the family derives its key head size (GLA's ``expand_k``, say). The RoPE
+        layer checks the lengths against the size it rotates, and the values are checked with every scaling's
+        (``rotarium.layers.positional``)."""
+        self._check_received_keys("longrope", set(rope_parameters),
+                                  {"rope_type", "short_factor", "long_factor", "original_max_position_embeddings"},
+                                  {"rope_theta", "attention_factor", "factor", "partial_rotary_factor"},
+                                  ignore_keys=ignore_keys)
+
     # earlier names, kept with a warning (docs/design.md §6 lists the renames)
     check_field_names = classmethod(renamed_method("check_field_names", validate_field_names.__func__))
     check_options = classmethod(renamed_method("check_options", validate_options.__func__))

@@ -114,8 +114,7 @@ def tiny_model(family: str, encoding: str, **fields) -> torch.nn.Module:
 @pytest.mark.parametrize("encoding", ["rope", "rove"])
 @pytest.mark.parametrize("name", ["linear", "dynamic", "yarn", "yarn-keys", "llama3"])
 def test_factor_one_is_the_unscaled_model(family, encoding, name):
-    """Every type at factor 1 computes the unscaled model's logits (longrope: see the layer test below; transformers'
-    own validation of a longrope config reads a `head_dim` that rotarium's configs leave None by default)."""
+    """Every type at factor 1 computes the unscaled model's logits (longrope: in the test below)."""
     # transformers' dynamic NTK grows the base with the length beyond the original one whatever the factor
     # (base * (factor * L / L_0 - factor + 1)^(d / (d - 2))), so factor 1 is plain RoPE up to the original length
     length = ORIGINAL if name == "dynamic" else 3 * ORIGINAL
@@ -125,6 +124,21 @@ def test_factor_one_is_the_unscaled_model(family, encoding, name):
     scaled.load_state_dict(plain.state_dict())
     with torch.no_grad():
         torch.testing.assert_close(scaled(ids).logits, plain(ids).logits, rtol=0, atol=1e-5)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("encoding", ["rope", "rove"])
+def test_longrope_models_build_with_no_head_dim_and_unit_factors_are_the_unscaled_model(family, encoding):
+    """A LongRoPE config without `head_dim` (rotarium's default) builds and saves: transformers' own check sized the
+    factor lists by `head_dim` and failed on None; the layer checks them against the size it rotates."""
+    key_size = {"expand_k": 1.0} if "expand_k" in CONFIGS[family].field_names() else {}
+    ids = torch.randint(0, 64, (2, 3 * ORIGINAL), generator=torch.Generator().manual_seed(0))
+    plain = tiny_model(family, encoding, **key_size)
+    scaled = tiny_model(family, encoding, rope_parameters=UNIT_SCALINGS["longrope"], **key_size)
+    assert type(scaled.config).from_dict(scaled.config.to_dict()).rope_parameters["rope_type"] == "longrope"
+    scaled.load_state_dict(plain.state_dict())
+    with torch.no_grad():
+        torch.testing.assert_close(scaled(ids).logits, plain(ids).logits)
 
 
 @pytest.mark.parametrize("family", FAMILIES)
