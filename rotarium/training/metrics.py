@@ -9,25 +9,14 @@ import math
 from pathlib import Path
 from typing import Any
 
-from rotarium.utils.files import append_text, read_jsonl, refuse_link, write_text_atomic
+from rotarium.utils.files import append_text, read_jsonl, refuse_link, without_non_finite, write_text_atomic
 from rotarium.utils.plots import save_figure
 
 
 def strict_record(record: dict[str, Any]) -> dict[str, Any]:
     """``record`` with every non-finite float (at any depth) replaced by ``None`` and named in ``non_finite``."""
     non_finite: dict[str, str] = {}
-
-    def clean(value: Any, name: str) -> Any:
-        if isinstance(value, float) and not math.isfinite(value):
-            non_finite[name] = str(value)
-            return None
-        if isinstance(value, dict):
-            return {k: clean(v, f"{name}.{k}") for k, v in value.items()}
-        if isinstance(value, (list, tuple)):
-            return [clean(v, f"{name}[{i}]") for i, v in enumerate(value)]
-        return value
-
-    out = {key: clean(value, key) for key, value in record.items()}
+    out = without_non_finite(record, non_finite)
     if non_finite:
         out["non_finite"] = {**out.get("non_finite", {}), **non_finite}
     return out

@@ -180,14 +180,18 @@ def read_csv_rows(path: str | os.PathLike, *, ints: Sequence[str] = (), floats: 
     return rows
 
 
-def _finite(data: Any) -> Any:
-    """``data`` with every non-finite float, at any depth, replaced by ``None``."""
+def without_non_finite(data: Any, found: dict[str, str] | None = None, name: str = "") -> Any:
+    """``data`` with every non-finite float, at any depth, replaced by ``None``; with ``found``, each one's place
+    (``name.key[index]``) and value are added to it."""
     if isinstance(data, float) and not math.isfinite(data):
+        if found is not None:
+            found[name] = str(data)
         return None
     if isinstance(data, dict):
-        return {key: _finite(value) for key, value in data.items()}
+        return {key: without_non_finite(value, found, f"{name}.{key}" if name else str(key))
+                for key, value in data.items()}
     if isinstance(data, (list, tuple)):
-        return [_finite(value) for value in data]
+        return [without_non_finite(value, found, f"{name}[{i}]") for i, value in enumerate(data)]
     return data
 
 
@@ -195,7 +199,7 @@ def write_json_atomic(path: str | os.PathLike, data: Any) -> None:
     """``data`` as indented JSON ending with a newline, written with :func:`write_text_atomic`. JSON has no NaN or
     infinity (a strict reader refuses the bare ``NaN`` Python would write): a non-finite number is written as
     ``null``."""
-    write_text_atomic(path, json.dumps(_finite(data), indent=2, allow_nan=False) + "\n")
+    write_text_atomic(path, json.dumps(without_non_finite(data), indent=2, allow_nan=False) + "\n")
 
 
 def read_jsonl(path: str | os.PathLike) -> list[Any]:
