@@ -16,6 +16,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from rotarium.evaluation.verdicts import Scale, Verdict, accuracy_bounds, decide, reason_lines, rules
 from rotarium.synthetic.runner import (
     FAMILIES,
     POSITIONS,
@@ -217,11 +218,12 @@ def aggregate(rows: list[dict[str, Any]]) -> dict[tuple[str, str, float, int], d
 
 @dataclass(frozen=True)
 class Claim:
-    """A claim of the papers as a test on one family (and lr) at one evaluation length, made seed by seed.
+    """A claim of the papers as a test on one family (and lr) at one evaluation length, decided seed by seed by
+    :func:`rotarium.evaluation.verdicts.decide`.
 
     With ``solved``: ``option`` reaches ``solved`` token accuracy and every option of ``against`` stays below it.
-    Without: ``option`` beats every option of ``against`` by at least ``MARGIN``. ``where``: ``train`` (the training
-    length) or ``beyond`` (every longer evaluation length, each on its own).
+    Without: ``option`` beats every option of ``against`` in token accuracy (:data:`ACCURACY`). ``where``: ``train``
+    (the training length) or ``beyond`` (every longer evaluation length, each on its own).
     """
 
     text: str
@@ -232,6 +234,7 @@ class Claim:
 
 
 MARGIN = 0.01
+ACCURACY = Scale("token accuracy", lower_is_better=False, margin=MARGIN, relative=False)
 CLAIMS: dict[str, tuple[Claim, ...]] = {
     "copying": (
         Claim("Selective RoPE extrapolates on copying where RoPE fails (Selective RoPE paper)",
@@ -255,33 +258,18 @@ CLAIMS: dict[str, tuple[Claim, ...]] = {
 }
 
 
-def claim_holds_for_seed(claim: Claim, accuracy: dict[str, float]) -> bool:
-    """``accuracy``: option -> token accuracy of one seed (the claim's options only)."""
-    others = [accuracy[o] for o in claim.against]
-    if claim.solved is not None:
-        return accuracy[claim.option] >= claim.solved and all(a < claim.solved for a in others)
-    return accuracy[claim.option] >= max(others) + MARGIN
-
-
 def check_claim(claim: Claim, cells: dict[tuple[str, str, float, int], dict[str, Any]], family: str, lr: float,
-                length: int) -> tuple[int, int]:
-    """``(seeds where it holds, seeds with every option measured)`` for one family, lr and length."""
+                length: int, train_length: int) -> Verdict:
+    """The verdict on ``claim`` for one family and lr at ``length``, from the seeds with every option measured (beyond
+    the training length, compared with the same options' gap at it)."""
     options = (claim.option, *claim.against)
-    by_option = [cells.get((family, o, lr, length), {}).get("accuracy_by_seed", {}) for o in options]
-    seeds = sorted(set.intersection(*(set(b) for b in by_option)))
-    held = sum(claim_holds_for_seed(claim, {o: b[s] for o, b in zip(options, by_option)}) for s in seeds)
-    return held, len(seeds)
 
+    def by_seed(at: int) -> dict[str, dict[int, float]]:
+        return {o: cells.get((family, o, lr, at), {}).get("accuracy_by_seed", {}) for o in options}
 
-def verdict(held: int, seeds: int) -> str:
-    """A claim holds only when it holds for every seed."""
-    if seeds == 0:
-        return "not measured"
-    if held == seeds:
-        return f"holds ({held}/{seeds} seeds)"
-    if held == 0:
-        return f"does not hold (0/{seeds} seeds)"
-    return f"mixed ({held}/{seeds} seeds)"
+    return decide(claim.option, claim.against, by_seed(length), ACCURACY,
+                  train=by_seed(train_length) if length > train_length else None, solved=claim.solved,
+                  bounds=accuracy_bounds())
 
 
 # ------------------------------------------------------------------------------------------------------- report
@@ -377,9 +365,7 @@ def markdown_report(rows: list[dict[str, Any]], command: str | None = None, seed
     out.append("")
     claims = CLAIMS.get(task, ())
     if claims:
-        out += ["### Claims, seed by seed", "",
-                ("A claim holds for a family only when it holds for every seed (paired by seed); \"beats\" means by "
-                f"at least {100 * MARGIN:.0f} point(s) of token accuracy."), ""]
+        out += ["### Claims, seed by seed", "", rules(ACCURACY), ""]
     for claim in claims:
         test = (f"{claim.option} at least {100 * claim.solved:.0f}% and {', '.join(claim.against)} below"
                 if claim.solved is not None else f"{claim.option} beats {', '.join(claim.against)}")
@@ -387,10 +373,14 @@ def markdown_report(rows: list[dict[str, Any]], command: str | None = None, seed
         out += [f"**{claim.text}**: {test}.", "",
                 "| family | " + " | ".join(f"length {length}" for length in claim_lengths) + " |",
                 "|---|" + "---|" * len(claim_lengths)]
+        verdicts = {(family, lr, length): check_claim(claim, cells, family, lr, length, train_length)
+                    for family, lr in row_keys for length in claim_lengths}
         for family, lr in row_keys:
             out.append(f"| {_row_label(family, lr, several)} | " + " | ".join(
-                verdict(*check_claim(claim, cells, family, lr, length)) for length in claim_lengths) + " |")
+                str(verdicts[family, lr, length]) for length in claim_lengths) + " |")
         out.append("")
+        out += reason_lines([(_row_label(family, lr, several), str(length), v)
+                             for (family, lr, length), v in verdicts.items()], "length")
     return "\n".join(out)
 
 

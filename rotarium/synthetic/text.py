@@ -26,8 +26,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from rotarium.evaluation.verdicts import (
+    DEGRADES,
+    Precondition,
+    Scale,
+    Verdict,
+    decide,
+    generation_bounds,
+    reason_lines,
+    rules,
+    uniform_guess,
+)
 from rotarium.synthetic.runner import FAMILIES, POSITIONS, seconds_per_call
-from rotarium.synthetic.sweep import verdict
 from rotarium.utils.argtypes import int_list
 from rotarium.utils.files import check_writable_folder, read_csv_rows, write_csv_atomic, write_text_atomic
 from rotarium.utils.plots import save_figure
@@ -46,9 +56,9 @@ DEFAULTS = {"train.max_steps": 100, "train.save_every": 50, "train.eval_every": 
             "train.keep_checkpoints": 1, "data.max_validation_tokens": 8192, "train.eval_batches": 4}
 CSV_FIELDS = ("family", "position", "seed", "rope_scaling", "context_length", "loss", "perplexity", "windows",
               "tokens", "train_length", "train_tokens", "steps", "batch_size", "lr", "num_layers", "hidden_size",
-              "num_heads", "parameters", "train_seconds", "eval_seconds", "settings")
+              "num_heads", "parameters", "train_seconds", "eval_seconds", "vocab_size", "settings")
 RULER_FIELDS = ("family", "position", "seed", "rope_scaling", "task", "context_length", "samples", "score",
-                "answer_nll", "exact_match", "train_length", "settings")
+                "answer_nll", "exact_match", "train_length", "vocab_size", "settings")
 # A whole run's training over its steps at the probe's pace: the checkpoints, the validation at the start and the
 # end, tokenising the corpus.
 RUN_OVER_PROBE = 1.3
@@ -56,6 +66,8 @@ RUN_OVER_PROBE = 1.3
 # forcing, and the generated tokens one at a time.
 RULER_FORWARDS = 3
 MARGIN = 0.01  # relative: "lower perplexity" (or answer NLL) means lower by at least 1%
+PERPLEXITY = Scale("perplexity", lower_is_better=True, margin=MARGIN, relative=True)
+ANSWER_NLL = Scale("answer NLL", lower_is_better=True, margin=MARGIN, relative=True)
 # The options whose rotations transformers' RoPE scaling rescales; NoPE has none and Selective RoPE learns its angles
 SCALABLE = ("rope", "rove")
 
@@ -145,7 +157,8 @@ def settings_key(config: Config) -> str:
 def read_rows(path: Path) -> list[dict[str, Any]]:
     rows = read_csv_rows(path, ints=("seed", "context_length", "windows", "train_length", "steps", "num_layers",
                                      "hidden_size"),
-                         floats=("train_seconds", "eval_seconds", "lr"), optional_floats=("loss", "perplexity"))
+                         floats=("train_seconds", "eval_seconds", "lr"),
+                         optional_floats=("loss", "perplexity", "vocab_size"))
     for row in rows:
         row["rope_scaling"] = row.get("rope_scaling") or ""  # absent from tables written before YaRN was scored
     return rows
@@ -153,7 +166,7 @@ def read_rows(path: Path) -> list[dict[str, Any]]:
 
 def read_ruler_rows(path: Path) -> list[dict[str, Any]]:
     return read_csv_rows(path, ints=("seed", "context_length", "samples", "train_length"),
-                         floats=("score", "answer_nll", "exact_match"))
+                         floats=("score", "answer_nll", "exact_match"), optional_floats=("vocab_size",))
 
 
 def shared_tokenizer(overrides: dict[str, Any], folder: Path) -> Path:
@@ -201,8 +214,9 @@ def train_and_score(overrides: dict[str, Any], unit: Unit, tokenizer: str, run_d
 
     tokens = stream_tokens(trainer.tokenizer, trainer.data.validation_documents)
     m, t = config.model, config.train
+    # the uniform guess the verdicts compare a NLL with is over the model's output vocabulary
     shared = {"family": unit.family, "position": unit.position, "seed": unit.seed, "train_length": L,
-              "settings": settings_key(config)}
+              "vocab_size": model.config.vocab_size, "settings": settings_key(config)}
     perplexity, ruler = [], []
     words = load_words() if scoring.ruler_fits else None
     with torch.no_grad():
@@ -386,15 +400,17 @@ def aggregate(rows: list[dict[str, Any]], value: str = "perplexity") -> dict[tup
 @dataclass(frozen=True)
 class TextClaim:
     """``option`` (a table's column: an option, ``+yarn`` when scored with YaRN) is lower than every column of
-    ``against`` by at least ``MARGIN`` (relative), seed by seed, at every context length of ``where`` (``train``: the
-    training length; ``beyond``: each longer one; ``all``: both), in ``metric``: perplexity, or the answer's NLL per
-    token under teacher forcing on the RULER task of that name."""
+    ``against``, seed by seed, at every context length of ``where`` (``train``: the training length; ``beyond``: each
+    longer one; ``all``: both), in ``metric``: perplexity, or the answer's NLL per token under teacher forcing on the
+    RULER task of that name; decided by :func:`rotarium.evaluation.verdicts.decide`. ``regime``: a column whose
+    perplexity the paper's claim relies on degrading beyond the training length (YaRN repairs RoPE there)."""
 
     text: str
     option: str
     against: tuple[str, ...]
     where: str
     metric: str = "perplexity"
+    regime: str = ""
 
 
 CLAIMS = (
@@ -405,7 +421,7 @@ CLAIMS = (
     TextClaim("Selective RoPE's perplexity beyond the training length is lower than RoPE's",
               "selective_rope", ("rope",), "beyond"),
     TextClaim("RoVE + YaRN's perplexity beyond the training length is lower than both RoVE's and RoPE + YaRN's: the "
-              "gains add (RoVE paper)", "rove+yarn", ("rove", "rope+yarn"), "beyond"),
+              "gains add (RoVE paper)", "rove+yarn", ("rove", "rope+yarn"), "beyond", regime="rope"),
     TextClaim("RoVE retrieves the needle better than RoPE: a lower answer NLL on RULER's niah_single_1 (RoVE paper)",
               "rove", ("rope",), "all", "niah_single_1"),
     TextClaim("... and with YaRN: RoVE + YaRN below RoPE + YaRN on niah_single_1", "rove+yarn", ("rope+yarn",),
@@ -416,14 +432,40 @@ CLAIMS = (
 )
 
 
-def check_claim(claim: TextClaim, cells: dict, family: str, length: int) -> tuple[int, int]:
-    """``(seeds where the claim holds, seeds measured)`` at ``length``; ``cells`` from :func:`aggregate` of the
-    claim's metric."""
-    options = (claim.option, *claim.against)
-    by_option = [cells.get((family, o, length), {}).get("by_seed", {}) for o in options]
-    seeds = sorted(set.intersection(*(set(b) for b in by_option)))
-    held = sum(by_option[0][s] <= (1 - MARGIN) * min(b[s] for b in by_option[1:]) for s in seeds)
-    return held, len(seeds)
+def _claim_rows(claim: TextClaim, rows: list[dict[str, Any]], ruler_rows: list[dict[str, Any]]
+                ) -> tuple[list[dict[str, Any]], str]:
+    """The rows ``claim`` reads and their column: perplexity, or the answers of its RULER task."""
+    if claim.metric == "perplexity":
+        return rows, "perplexity"
+    return [r for r in ruler_rows if r["task"] == claim.metric], "answer_nll"
+
+
+def check_claim(claim: TextClaim, rows: list[dict[str, Any]], ruler_rows: list[dict[str, Any]], family: str,
+                length: int) -> Verdict:
+    """The verdict on ``claim`` for ``family`` at ``length``: beyond the training length compared with the gap at it;
+    a cell at a floor where its NLL (perplexity) is near a uniform guess over the vocabulary or, on RULER, where no
+    generated answer is right; a ``regime`` claim outside the paper's regime where that column does not degrade."""
+    rows = [r for r in rows if r["family"] == family]
+    chosen, value = _claim_rows(claim, rows, [r for r in ruler_rows if r["family"] == family])
+    scale = PERPLEXITY if value == "perplexity" else ANSWER_NLL
+    L = chosen[0]["train_length"] if chosen else length
+
+    def by_seed(cells: dict, at: int) -> dict[str, dict[int, float]]:
+        return {c: cells.get((family, c, at), {}).get("by_seed", {}) for c in (claim.option, *claim.against)}
+
+    cells = aggregate(chosen, value)
+    vocab = [int(r["vocab_size"]) for r in chosen if r.get("vocab_size")]  # absent from CSVs of older runs
+    bounds = [uniform_guess(max(vocab), perplexity=scale is PERPLEXITY)] if vocab else []
+    if scale is ANSWER_NLL:
+        bounds += generation_bounds(by_seed(aggregate(chosen, "score"), length))
+    precondition = None
+    if claim.regime:
+        perplexity = aggregate(rows)
+        precondition = Precondition(
+            f"{claim.regime} degrading beyond the training length (perplexity above {DEGRADES:g}x its own at {L})",
+            *(perplexity.get((family, claim.regime, at), {}).get("by_seed", {}) for at in (length, L)))
+    return decide(claim.option, claim.against, by_seed(cells, length), scale,
+                  train=by_seed(cells, L) if length > L else None, bounds=bounds, precondition=precondition)
 
 
 def _columns(rows: list[dict[str, Any]]) -> list[str]:
@@ -437,18 +479,6 @@ def _cell(c: dict[str, Any] | None, seeds: int, digits: int = 1) -> str:
     n = len(c["by_seed"])
     few = f" {n} seed{'s' * (n > 1)}" if n < seeds else ""
     return f"{c['median']:.{digits}f} [{c['min']:.{digits}f}-{c['max']:.{digits}f}]{few}"
-
-
-def _claim_metric_cells(claim: TextClaim, rows: list[dict[str, Any]],
-                        ruler_rows: list[dict[str, Any]]) -> tuple[dict, list[int]]:
-    if claim.metric == "perplexity":
-        chosen, value = rows, "perplexity"
-    else:
-        chosen, value = [r for r in ruler_rows if r["task"] == claim.metric], "answer_nll"
-    columns = {variant(r["position"], r.get("rope_scaling", "")) for r in chosen}
-    if not {claim.option, *claim.against} <= columns:
-        return {}, []
-    return aggregate(chosen, value), sorted({r["context_length"] for r in chosen})
 
 
 def markdown_report(rows: list[dict[str, Any]], command: str | None, corpus: str, seeds: tuple[int, ...],
@@ -491,20 +521,23 @@ def markdown_report(rows: list[dict[str, Any]], command: str | None, corpus: str
         out.append("")
     if ruler_rows:
         out += _ruler_section(ruler_rows, families, L, len(seeds))
-    out += ["### Claims, seed by seed", "",
-            (f"A claim holds for a family only when it holds for every seed (paired by seed); \"lower\" means lower by "
-            f"at least {100 * MARGIN:.0f}%."), ""]
+    out += ["### Claims, seed by seed", "", rules(PERPLEXITY), ""]
     for claim in CLAIMS:
-        claim_cells, claim_lengths = _claim_metric_cells(claim, rows, ruler_rows)
-        claim_lengths = [x for x in claim_lengths if claim.where == "all" or (x > L) == (claim.where == "beyond")]
+        chosen, _ = _claim_rows(claim, rows, ruler_rows)
+        if not {claim.option, *claim.against} <= set(_columns(chosen)):
+            continue  # a claim on a column or task not scored
+        claim_lengths = [x for x in sorted({r["context_length"] for r in chosen})
+                         if claim.where == "all" or (x > L) == (claim.where == "beyond")]
         if not claim_lengths:
             continue
+        verdicts = {(family, x): check_claim(claim, rows, ruler_rows, family, x) for family in families
+                    for x in claim_lengths}
         out += [f"**{claim.text}**", "", "| family | " + " | ".join(f"context {x}" for x in claim_lengths) + " |",
                 "|---|" + "---|" * len(claim_lengths)]
         for family in families:
-            out.append(f"| {family} | " + " | ".join(verdict(*check_claim(claim, claim_cells, family, x))
-                                                      for x in claim_lengths) + " |")
+            out.append(f"| {family} | " + " | ".join(str(verdicts[family, x]) for x in claim_lengths) + " |")
         out.append("")
+        out += reason_lines([(family, str(x), v) for (family, x), v in verdicts.items()], "context")
     return "\n".join(out)
 
 

@@ -1,5 +1,5 @@
-"""Sweeps over seeds: the median and min-max of each cell, a claim holding only when it holds for every seed, and
-resumable units (a rerun trains only what is missing)."""
+"""Sweeps over seeds: the median and min-max of each cell, a claim decided seed by seed by the verdict rules
+(tests/evaluation/test_verdicts.py tests each rule), and resumable units (a rerun trains only what is missing)."""
 import pytest
 
 import rotarium.synthetic.sweep as sweep_module
@@ -14,7 +14,6 @@ from rotarium.synthetic.sweep import (
     read_rows,
     sweep,
     sweep_units,
-    verdict,
 )
 from rotarium.utils.files import write_csv_atomic
 
@@ -49,21 +48,40 @@ def test_a_claim_holds_only_when_it_holds_for_every_seed(selective, expected):
     assert CLAIMS["s2"][0].solved == 0.99  # the word problems ask for every position
     rows = [row("gla", "selective_rope", s, 8, a) for s, a in enumerate(selective)]
     rows += [row("gla", "nope", s, 8, 0.6) for s in range(3)] + [row("gla", "rope", s, 8, 0.7) for s in range(3)]
-    assert verdict(*check_claim(claim, aggregate(rows), "gla", 3e-3, 8)) == expected
+    assert str(check_claim(claim, aggregate(rows), "gla", 3e-3, 8, 8)) == expected
 
 
 def test_claims_compare_paired_seeds_not_medians():
     """RoVE's median beats RoPE's, but on seed 2 RoPE wins: the claim is mixed, not held."""
     claim = Claim("beats", "rove", ("rope",), "beyond")
-    rows = [row("gla", "rove", s, 16, a) for s, a in ((0, 0.5), (1, 0.6), (2, 0.2))]
-    rows += [row("gla", "rope", s, 16, a) for s, a in ((0, 0.3), (1, 0.3), (2, 0.4))]
-    assert verdict(*check_claim(claim, aggregate(rows), "gla", 3e-3, 16)) == "mixed (2/3 seeds)"
+    rows = [row("gla", "rove", s, 16, a) for s, a in ((0, 0.60), (1, 0.62), (2, 0.55))]
+    rows += [row("gla", "rope", s, 16, a) for s, a in ((0, 0.30), (1, 0.32), (2, 0.58))]
+    rows += [row("gla", o, s, 8, 0.99) for o in ("rove", "rope") for s in range(3)]  # no gap at the training length
+    assert str(check_claim(claim, aggregate(rows), "gla", 3e-3, 16, 8)) == "mixed (2/3 seeds)"
     # an option beats another only by the margin: a tie is not a win
     tie = [row("gla", "rove", 0, 16, 0.3), row("gla", "rope", 0, 16, 0.3)]
-    assert verdict(*check_claim(claim, aggregate(tie), "gla", 3e-3, 16)) == "does not hold (0/1 seeds)"
+    assert str(check_claim(claim, aggregate(tie), "gla", 3e-3, 16, 8)) == "does not hold (0/1 seeds)"
     # only seeds with every option measured count
     missing = [row("gla", "rove", 0, 16, 0.9)]
-    assert verdict(*check_claim(claim, aggregate(missing), "gla", 3e-3, 16)) == "not measured"
+    assert str(check_claim(claim, aggregate(missing), "gla", 3e-3, 16, 8)) == "not measured"
+
+
+def test_the_report_prints_why_a_claim_is_not_testable_or_in_distribution_only():
+    """A claim beyond training whose gap is the one at the training length, and one where every cell saturates."""
+    rows = [row("gla", o, s, 8, a) for o, a in (("nope", 0.7), ("rope", 0.8), ("selective_rope", 0.9)) for s in (0, 1)]
+    rows += [row("gla", o, s, 32, a) for o, a in (("nope", 0.6), ("rope", 0.7), ("selective_rope", 0.8))
+             for s in (0, 1)]
+    rows += [row("fox", o, s, length, 1.0) for o in ("nope", "rope", "selective_rope") for s in (0, 1)
+             for length in (8, 32)]
+    text = markdown_report(rows, seeds=(0, 1))
+    weaker_beyond = text[text.index(f"**{CLAIMS['s2'][3].text}**"):]
+    assert "| gla | in distribution only (2/2 seeds) |" in weaker_beyond
+    assert "| fox | not testable at this scale |" in weaker_beyond
+    assert "- gla, length 32: in distribution only: selective_rope ahead of nope and rope (token accuracy) by 10.0 " \
+           "points" in weaker_beyond
+    assert "- fox, length 32: not testable at this scale: every compared cell at a ceiling: 100% accuracy in 6/6." \
+           in weaker_beyond
+    assert "How verdicts are decided" in text
 
 
 def test_report_heads_with_command_and_budget_and_marks_partial_tables():

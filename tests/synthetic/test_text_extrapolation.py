@@ -37,8 +37,11 @@ def test_a_tiny_sweep_writes_table_csv_plot_and_a_rerun_trains_nothing(corpus, t
     table = (tmp_path / "out" / "extrapolation.md").read_text()
     assert "**complete**, all 2 runs" in table and "Context 16 (beyond training, 2x)" in table
     assert CLAIMS[0].text in table and (tmp_path / "out" / "extrapolation.png").stat().st_size > 1000
-    # one tokenizer for every run
+    # one tokenizer for every run, its size recorded for the verdicts' uniform guess
     assert (tmp_path / "runs" / "tokenizer" / "tokenizer_config.json").is_file()
+    from rotarium.data.tokenizer import load_tokenizer
+
+    assert {r["vocab_size"] for r in rows} == {len(load_tokenizer(str(tmp_path / "runs" / "tokenizer")))}
 
     def no_training(*args, **kwargs):
         raise AssertionError("a finished run was trained again")
@@ -51,12 +54,15 @@ def test_a_tiny_sweep_writes_table_csv_plot_and_a_rerun_trains_nothing(corpus, t
 
 def test_perplexity_claims_hold_only_for_every_seed():
     def row(position, seed, ppl, length=16):
-        return {"family": "gla", "position": position, "seed": seed, "context_length": length, "perplexity": ppl}
+        return {"family": "gla", "position": position, "seed": seed, "context_length": length, "perplexity": ppl,
+                "train_length": 8}
 
     rove_beats_rope = CLAIMS[0]
     rows = [row("rove", s, p) for s, p in ((0, 10.0), (1, 11.0), (2, 12.0))]
     rows += [row("rope", s, p) for s, p in ((0, 20.0), (1, 20.0), (2, 12.05))]  # seed 2: within the 1% margin
-    assert check_claim(rove_beats_rope, aggregate(rows), "gla", 16) == (2, 3)
+    rows += [row(o, s, 30.0, 8) for o in ("rove", "rope") for s in range(3)]  # no gap at the training length
+    verdict = check_claim(rove_beats_rope, rows, [], "gla", 16)
+    assert (verdict.category, verdict.held, verdict.seeds) == ("mixed", 2, 3)
     assert aggregate(rows)[("gla", "rove", 16)]["median"] == 11.0
 
 
@@ -107,6 +113,7 @@ def test_yarn_and_ruler_are_scored_per_run_and_a_rerun_trains_nothing(corpus, tm
         ("nope", "", "niah_single_1", 1024), ("rove", "", "niah_single_1", 1024),
         ("rove", "yarn", "niah_single_1", 1024)]
     assert all(r["samples"] == 2 and r["answer_nll"] > 0 and 0 <= r["score"] <= 1 for r in ruler)
+    assert {r["vocab_size"] for r in ruler} == {r["vocab_size"] for r in rows} != {None}
     table = (tmp_path / "out" / "extrapolation.md").read_text()
     assert "| family | nope | rove | rove+yarn |" in table and "**niah_single_1**" in table
     assert "| transformer | rove+yarn | " in table
@@ -135,38 +142,69 @@ def test_yarn_without_rope_or_rove_is_refused(corpus, tmp_path, capsys):
     assert "--yarn rescales rope and rove; --positions has neither" in capsys.readouterr().err
 
 
+def paper_row(position, scaling, seed, length, ppl):
+    return {"family": "transformer", "position": position, "rope_scaling": scaling, "seed": seed,
+            "context_length": length, "perplexity": ppl, "train_length": 8, "steps": 2, "batch_size": 2,
+            "train_tokens": 32, "lr": 1e-3, "num_layers": 1, "hidden_size": 16, "num_heads": 2, "train_seconds": 1.0,
+            "eval_seconds": 1.0, "vocab_size": 4096}
+
+
+def paper_answer(position, scaling, seed, length, nll, task="vt", score=0.5):
+    return {"family": "transformer", "position": position, "rope_scaling": scaling, "seed": seed, "task": task,
+            "context_length": length, "answer_nll": nll, "score": score, "train_length": 8, "vocab_size": 4096}
+
+
+def claim_lines(table: str, claim_start: str) -> list[str]:
+    """The verdict row of a claim's table, then its reasons."""
+    lines = table.splitlines()
+    at = next(i for i, line in enumerate(lines) if line.startswith(f"**{claim_start}"))
+    end = next((i for i in range(at + 1, len(lines)) if lines[i].startswith("**")), len(lines))
+    return [lines[at + 4]] + [line for line in lines[at + 5:end] if line.startswith("- ")]
+
+
 def test_the_rove_paper_claims_compare_yarn_columns_and_ruler_answers_seed_by_seed():
     from rotarium.synthetic.text import markdown_report
 
-    def row(position, scaling, seed, length, ppl):
-        return {"family": "transformer", "position": position, "rope_scaling": scaling, "seed": seed,
-                "context_length": length, "perplexity": ppl, "train_length": 8, "steps": 2, "batch_size": 2,
-                "train_tokens": 32, "lr": 1e-3, "num_layers": 1, "hidden_size": 16, "num_heads": 2,
-                "train_seconds": 1.0, "eval_seconds": 1.0}
-
-    def answer(position, scaling, seed, length, nll, task="vt"):
-        return {"family": "transformer", "position": position, "rope_scaling": scaling, "seed": seed, "task": task,
-                "context_length": length, "answer_nll": nll, "score": 0.0, "train_length": 8}
-
-    rows, ruler = [], []
-    for seed in (0, 1, 2):
-        for length in (8, 16):
-            rows += [row("rope", "", seed, length, 100.0), row("rope", "yarn", seed, length, 50.0),
-                     row("rove", "", seed, length, 80.0),
+    def table(rope_beyond):
+        rows, ruler = [], []
+        for seed in (0, 1, 2):
+            # at the training length YaRN's factor is 1: the model itself
+            rows += [paper_row("rope", s, seed, 8, 100.0) for s in ("", "yarn")]
+            rows += [paper_row("rove", s, seed, 8, 80.0) for s in ("", "yarn")]
+            rows += [paper_row("rope", "", seed, 16, rope_beyond), paper_row("rove", "", seed, 16, 100.0),
+                     paper_row("rope", "yarn", seed, 16, 50.0 if seed < 2 else 45.0),
                      # RoVE + YaRN below both in seeds 0 and 1; in seed 2 not below RoPE + YaRN by 1%
-                     row("rove", "yarn", seed, length, 40.0 if seed < 2 else 49.8)]
-            ruler += [answer("rope", "", seed, length, 2.0), answer("rove", "", seed, length, 1.5),
-                      answer("rope", "yarn", seed, length, 2.0), answer("rove", "yarn", seed, length, 2.5)]
-    table = markdown_report(rows, None, "corpus", (0, 1, 2), 2, ruler)
-    lines = table.splitlines()
+                     paper_row("rove", "yarn", seed, 16, 40.0 if seed < 2 else 44.8)]
+            ruler += [paper_answer("rope", s, seed, length, 2.0) for s in ("", "yarn") for length in (8, 16)]
+            ruler += [paper_answer("rove", s, seed, 8, 1.5) for s in ("", "yarn")]
+            ruler += [paper_answer("rove", "", seed, 16, 1.0), paper_answer("rove", "yarn", seed, 16, 2.5)]
+        return markdown_report(rows, None, "corpus", (0, 1, 2), 2, ruler)
 
-    def verdicts(claim_start: str) -> str:
-        at = next(i for i, line in enumerate(lines) if line.startswith(f"**{claim_start}"))
-        return lines[at + 4]
+    degrading = table(rope_beyond=200.0)  # RoPE doubles beyond training: the paper's regime
+    assert claim_lines(degrading, "RoVE's perplexity beyond") == ["| transformer | holds (3/3 seeds) |"]
+    assert claim_lines(degrading, "RoVE + YaRN's perplexity") == ["| transformer | mixed (2/3 seeds) |"]
+    assert claim_lines(degrading, "RoVE tracks variables") == [
+        "| transformer | holds (3/3 seeds) | holds (3/3 seeds) |"]
+    assert claim_lines(degrading, "... and with YaRN: RoVE + YaRN below RoPE + YaRN on vt") == [
+        "| transformer | does not hold (0/3 seeds) |"]
+    assert "niah_single_1" not in degrading  # a claim on a task not scored is left out
+    flat = table(rope_beyond=110.0)  # RoPE 10% higher beyond training: nothing for YaRN to repair
+    assert claim_lines(flat, "RoVE + YaRN's perplexity") == [
+        "| transformer | outside the paper's regime |",
+        ("- transformer, context 16: outside the paper's regime: the claim relies on rope degrading beyond the "
+         "training length (perplexity above 1.5x its own at 8): in 0/3 seeds, 1.10x.")]
+    # RoVE's gap to RoPE, 20% at the training length, is 9% beyond it
+    assert claim_lines(flat, "RoVE's perplexity beyond")[0] == "| transformer | in distribution only (3/3 seeds) |"
 
-    assert verdicts("RoVE's perplexity beyond") == "| transformer | holds (3/3 seeds) |"
-    assert verdicts("RoVE + YaRN's perplexity") == "| transformer | mixed (2/3 seeds) |"
-    assert verdicts("RoVE tracks variables") == "| transformer | holds (3/3 seeds) | holds (3/3 seeds) |"
-    assert verdicts("... and with YaRN: RoVE + YaRN below RoPE + YaRN on vt") == (
-        "| transformer | does not hold (0/3 seeds) |")
-    assert "niah_single_1" not in table  # a claim on a task not scored is left out
+
+def test_ruler_claims_with_no_answer_generated_and_nlls_of_a_uniform_guess_are_not_testable():
+    from rotarium.synthetic.text import markdown_report
+
+    rows = [paper_row(p, "", seed, length, 150.0) for p in ("rope", "rove") for seed in (0, 1) for length in (8, 16)]
+    ruler = [paper_answer(p, "", seed, length, nll, task="niah_single_1", score=0.0) for seed in (0, 1)
+             for length in (8, 16) for p, nll in (("rope", 8.27), ("rove", 7.13))]
+    lines = claim_lines(markdown_report(rows, None, "corpus", (0, 1), 2, ruler), "RoVE retrieves the needle")
+    assert lines[0] == "| transformer | not testable at this scale | not testable at this scale |"
+    assert lines[1:] == [(  # one line for the lengths of one reason
+        "- transformer, context 8, 16: not testable at this scale: every compared cell at a floor: NLL within 25% of a "
+        "uniform guess's (log 4096 = 8.32 nats) in 4/4; no generated answer right (0%) in 4/4.")]
