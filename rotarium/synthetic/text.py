@@ -37,6 +37,7 @@ from rotarium.evaluation.verdicts import (
     rules,
     uniform_guess,
 )
+from rotarium.layers.positional import ROPE_FREQUENCY_ENCODINGS
 from rotarium.synthetic.runner import FAMILIES, POSITIONS, seconds_per_call
 from rotarium.utils.argtypes import int_list
 from rotarium.utils.files import check_writable_folder, read_csv_rows, write_csv_atomic, write_text_atomic
@@ -69,7 +70,7 @@ MARGIN = 0.01  # relative: "lower perplexity" (or answer NLL) means lower by at 
 PERPLEXITY = Scale("perplexity", lower_is_better=True, margin=MARGIN, relative=True)
 ANSWER_NLL = Scale("answer NLL", lower_is_better=True, margin=MARGIN, relative=True)
 # The options whose rotations transformers' RoPE scaling rescales; NoPE has none and Selective RoPE learns its angles
-SCALABLE = ("rope", "rove")
+SCALABLE = ROPE_FREQUENCY_ENCODINGS
 
 
 def variant(position: str, rope_scaling: str = "") -> str:
