@@ -8,13 +8,14 @@ the accuracies.
 """
 from __future__ import annotations
 
-import json
 import math
 import os
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from rotarium.evaluation.outputs import result_path
+from rotarium.evaluation.outputs import check_result_paths, result_path
+from rotarium.evaluation.tasks import EvalRun, EvalTask, Flag
 from rotarium.utils.files import make_folder, write_json_atomic, write_text_atomic
 
 if TYPE_CHECKING:
@@ -182,18 +183,55 @@ def _jsonable(value: Any) -> Any:
     return str(value)
 
 
-def run_tasks(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, names: list[str], manager, *,
-              output: str | os.PathLike, model_name: str, batch_size: int = 8, num_fewshot: int | None = None,
-              rope_scaling: dict[str, Any] | None = None) -> dict[str, Any]:
-    """``rotarium eval --tasks``: evaluates, prints the table and writes ``downstream.json`` and ``downstream.md``
-    into ``output`` (named after ``rope_scaling``, ``--rope-scaling``'s JSON, when given: see :func:`save_tasks`);
-    returns the report."""
-    results = evaluate_tasks(model, tokenizer, names, manager, batch_size=batch_size, num_fewshot=num_fewshot)
-    rows, average = task_rows(results, names)
-    report = {"model": model_name, "tasks": names, "num_fewshot": num_fewshot, "rope_scaling": rope_scaling,
-              "rows": rows, "average": average, "lm_eval": lm_eval_record(results)}
-    print(format_tasks_table(rows, average))
-    scaled = f" with RoPE scaling {json.dumps(rope_scaling)}" if rope_scaling is not None else ""
-    paths = save_tasks(report, output, title=f"{Path(model_name).name}{scaled}: downstream tasks (lm-eval)")
-    print(f"wrote {', '.join(map(str, paths))}")
-    return report
+@dataclass(frozen=True)
+class _Asked:
+    tasks: list[str]
+    manager: Any  # lm-eval's TaskManager
+
+
+class LmEvalTasks(EvalTask):
+    """``rotarium eval --tasks TASKS``: a set of lm-eval's tasks and groups, in one report."""
+
+    name = "lm-eval"
+    selector = Flag("--tasks", {"default": None, "metavar": "TASKS", "help": (
+        "lm-evaluation-harness tasks instead of perplexity (pip install 'rotarium[eval]'): comma-separated task or "
+        "group names, or papers (the GLA / DeltaNet / FoX tables' list); writes downstream.json and downstream.md")})
+    flags = (
+        Flag("--num-fewshot", {"type": int, "default": None,
+                               "help": "--tasks: examples in each prompt (default: each task's own, 0 for papers)"}),
+        Flag("--include-path", {"default": None, "help": (
+            "--tasks: a folder of lm-eval task YAML files (local tasks) to add to lm-eval's")}),
+    )
+    result_files = RESULT_FILES
+    lengths_help = "each task's own (lm-eval's RULER reads --context-lengths as its lengths)"
+
+    def default_lengths(self, train_length: int | None) -> None:
+        return None
+
+    def prepare(self, run: EvalRun) -> _Asked:
+        args = run.args
+        require_lm_eval()
+        check_settings(args.batch_size, args.num_fewshot)
+        names = expand_tasks(args.tasks)
+        check_result_paths(run.output, RESULT_FILES, run.rope_scaling, run.what)
+        # lm-eval's own RULER tasks read the tokenizer and lengths from here
+        lengths = run.lengths(self, None)
+        metadata = {"pretrained": args.model, **({"max_seq_lengths": lengths} if lengths else {})}
+        return _Asked(names, task_manager(names, args.include_path, metadata))
+
+    def evaluate(self, prepared: _Asked, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase,
+                 run: EvalRun) -> dict[str, Any]:
+        """The report ``downstream.json`` holds: the tasks' rows and mean accuracy, and lm-eval's own record."""
+        num_fewshot = run.args.num_fewshot
+        results = evaluate_tasks(model, tokenizer, prepared.tasks, prepared.manager, batch_size=run.args.batch_size,
+                                 num_fewshot=num_fewshot)
+        rows, average = task_rows(results, prepared.tasks)
+        return {"model": run.model_name, "tasks": prepared.tasks, "num_fewshot": num_fewshot,
+                "rope_scaling": run.rope_scaling, "rows": rows, "average": average,
+                "lm_eval": lm_eval_record(results)}
+
+    def summary(self, record: dict[str, Any], run: EvalRun) -> str:
+        return format_tasks_table(record["rows"], record["average"])
+
+    def save(self, record: dict[str, Any], run: EvalRun) -> tuple[Path, ...]:
+        return save_tasks(record, run.output, title=run.title("downstream tasks (lm-eval)"))

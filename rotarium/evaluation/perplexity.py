@@ -12,6 +12,8 @@ import json
 import logging
 import math
 import os
+from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -29,7 +31,8 @@ from rotarium.data.heldout import (
     warn_if_changed,
 )
 from rotarium.data.prepared import PreparedCorpus, is_prepared, tokenizer_fingerprint
-from rotarium.evaluation.outputs import result_path
+from rotarium.evaluation.outputs import check_result_paths, result_path
+from rotarium.evaluation.tasks import EvalRun, EvalTask, Flag, training_length
 from rotarium.utils.files import make_folder, write_json_atomic
 from rotarium.utils.plots import save_figure
 
@@ -208,3 +211,66 @@ def evaluation_documents(data: str, model_dir: str | os.PathLike | None = None, 
     if is_prepared(data):
         return PreparedCorpus(data), f"{data} (validation split)"
     return list(iter_documents(DataSection(source=data))), data
+
+
+@dataclass(frozen=True)
+class _Texts:
+    documents: list[str] | PreparedCorpus
+    description: str
+    max_tokens: int
+
+
+class Perplexity(EvalTask):
+    """``rotarium eval`` without a selector: perplexity against context length on held-out text."""
+
+    name = "perplexity"
+    flags = (
+        Flag("--data", {"default": None, "help": (
+            "'validation': the documents the checkpoint's training run held out, checked against the record the run "
+            "kept of them (default); 'embedded': the embedded corpus; a prepared folder (its validation split); or a "
+            "local .txt/.jsonl/.parquet file or folder")}),
+        Flag("--allow-data-change", {"action": "store_true", "help": (
+            "score the run's held-out documents derived from its source as it is now, although the source changed "
+            "since training (they may then include documents the run trained on; without it such an evaluation is "
+            "refused, naming what changed)")}),
+        Flag("--max-tokens", {"type": int, "default": None,
+                              "help": f"tokens scored per context length (default {MAX_TOKENS})"}),
+    )
+    result_files = RESULT_FILES
+    lengths_help = "half, 1x, 2x and 4x the training length"
+
+    def default_lengths(self, train_length: int | None) -> list[int]:
+        return sorted({max(2, train_length // 2 if train_length else 64), *(
+            (train_length * m for m in (1, 2, 4)) if train_length else (128, 256, 512))})
+
+    def prepare(self, run: EvalRun) -> _Texts:
+        args = run.args
+        max_tokens = MAX_TOKENS if args.max_tokens is None else args.max_tokens
+        check_settings(max_tokens, args.batch_size)
+        check_result_paths(run.output, RESULT_FILES, run.rope_scaling, run.what)
+        documents, description = evaluation_documents("validation" if args.data is None else args.data,
+                                                      args.model if run.local else None,
+                                                      allow_data_change=args.allow_data_change)
+        return _Texts(documents, description, max_tokens)
+
+    def evaluate(self, prepared: _Texts, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase,
+                 run: EvalRun) -> dict[str, Any]:
+        train_length = training_length(model)
+        lengths = run.lengths(self, train_length)
+        tokens = evaluation_tokens(prepared.documents, tokenizer, max(prepared.max_tokens, *lengths))
+        rows = perplexity_by_context(model, tokens, lengths, max_tokens=prepared.max_tokens,
+                                     batch_size=run.args.batch_size)
+        return {"rows": rows, "description": prepared.description, "tokens": tokens.numel(),
+                "train_length": train_length}
+
+    def summary(self, record: dict[str, Any], run: EvalRun) -> str:
+        return (f"{run.model_name}{run.scaled} on {record['description']} ({record['tokens']} tokens):\n"
+                f"{format_table(record['rows'], record['train_length'])}")
+
+    def save(self, record: dict[str, Any], run: EvalRun) -> tuple[Path, ...]:
+        return save_results(record["rows"], run.output, title=run.title(f"perplexity on {record['description']}"),
+                            train_length=record["train_length"], rope_scaling=run.rope_scaling)
+
+    def wrote(self, paths: Sequence[Path]) -> str:
+        table, plot = paths
+        return f"wrote {table} and {plot}"

@@ -25,7 +25,6 @@ models that never generate an answer outright.
 """
 from __future__ import annotations
 
-import json
 import math
 import random
 import string
@@ -38,7 +37,8 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from rotarium.evaluation.outputs import result_path
+from rotarium.evaluation.outputs import check_result_paths, result_path
+from rotarium.evaluation.tasks import EvalRun, EvalTask, Flag, training_length
 from rotarium.utils.files import make_folder, write_json_atomic, write_text_atomic
 from rotarium.utils.plots import save_figure
 
@@ -742,27 +742,64 @@ def save_ruler(report: dict[str, Any], folder: str | Path, *, title: str,
     return table, markdown, plot
 
 
-def default_lengths(train_length: int | None) -> list[int]:
-    """1x, 2x, 4x and 8x the training length (1024 to 8192 without one), the span of the papers' RULER tables."""
-    return [(train_length or 1024) * m for m in (1, 2, 4, 8)]
+@dataclass(frozen=True)
+class _Asked:
+    tasks: list[str]
+    num_samples: int
+    seed: int
+    words: RulerWords
 
 
-def run_ruler(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, tasks: Sequence[str],
-              context_lengths: Sequence[int] | None, *, output: str | Path, model_name: str,
-              num_samples: int = SAMPLES, seed: int = SEED, batch_size: int = 8, words: RulerWords | None = None,
-              rope_scaling: dict[str, Any] | None = None) -> dict[str, Any]:
-    """``rotarium eval --ruler``: evaluates, prints the tables and writes ``ruler.json``, ``ruler.md`` and
-    ``ruler.png`` into ``output`` (named after ``rope_scaling``, ``--rope-scaling``'s JSON, when given: see
-    :func:`save_ruler`); returns the report."""
-    words = words or load_words()
-    train_length = getattr(model.config, "max_position_embeddings", None)
-    lengths = sorted(set(context_lengths or default_lengths(train_length)))
-    result = evaluate_ruler(model, tokenizer, tasks, lengths, num_samples=num_samples, seed=seed,
-                            batch_size=batch_size, words=words)
-    report = {"model": model_name, "tasks": list(tasks), "context_lengths": lengths, "samples_per_length": num_samples,
-              "seed": seed, "words": words.name, "train_length": train_length, "rope_scaling": rope_scaling, **result}
-    print(format_ruler_table(result["rows"], train_length))
-    scaled = f" with RoPE scaling {json.dumps(rope_scaling)}" if rope_scaling is not None else ""
-    paths = save_ruler(report, output, title=f"{Path(model_name).name}{scaled}: RULER", train_length=train_length)
-    print(f"wrote {', '.join(map(str, paths))}")
-    return report
+class Ruler(EvalTask):
+    """``rotarium eval --ruler TASKS``: RULER's tasks of :data:`TASKS` (their registry: a task is a
+    :class:`RulerTask` there), every one asked for at every length, in one report."""
+
+    name = "ruler"
+    selector = Flag("--ruler", {"default": None, "metavar": "TASKS", "help": (
+        "RULER's synthetic tasks instead of perplexity, built offline with the model's tokenizer: comma-separated "
+        f"names from {', '.join(TASKS)}, or all; at each --context-lengths; writes ruler.json, ruler.md and "
+        "ruler.png")})
+    flags = (
+        Flag("--samples", {"type": int, "default": None,
+                           "help": f"--ruler: samples per task and length (default {SAMPLES})"}),
+        Flag("--seed", {"type": int, "default": None,
+                        "help": f"--ruler: the seed the samples are drawn from (default {SEED})"}),
+        Flag("--ruler-words", {"choices": ("rotarium", "wonderwords"), "default": None, "help": (
+            "--ruler: where keys and words come from: rotarium's list (default) or the wonderwords package's, as "
+            "RULER's")}),
+    )
+    result_files = RESULT_FILES
+    lengths_help = "1x, 2x, 4x and 8x the training length"
+
+    def choices(self) -> list[str]:
+        return list(TASKS)
+
+    def default_lengths(self, train_length: int | None) -> list[int]:
+        """1x, 2x, 4x and 8x the training length (1024 to 8192 without one), the span of the papers' RULER tables."""
+        return [(train_length or 1024) * m for m in (1, 2, 4, 8)]
+
+    def prepare(self, run: EvalRun) -> _Asked:
+        args = run.args
+        tasks = parse_tasks(args.ruler)
+        samples = SAMPLES if args.samples is None else args.samples
+        check_settings(samples, args.batch_size)
+        check_result_paths(run.output, RESULT_FILES, run.rope_scaling, run.what)
+        words = load_words() if args.ruler_words is None else load_words(args.ruler_words)
+        return _Asked(tasks, samples, SEED if args.seed is None else args.seed, words)
+
+    def evaluate(self, prepared: _Asked, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase,
+                 run: EvalRun) -> dict[str, Any]:
+        """The report ``ruler.json`` holds: the settings, then :func:`evaluate_ruler`'s rows and samples."""
+        train_length = training_length(model)
+        lengths = sorted(set(run.lengths(self, train_length)))
+        result = evaluate_ruler(model, tokenizer, prepared.tasks, lengths, num_samples=prepared.num_samples,
+                                seed=prepared.seed, batch_size=run.args.batch_size, words=prepared.words)
+        return {"model": run.model_name, "tasks": list(prepared.tasks), "context_lengths": lengths,
+                "samples_per_length": prepared.num_samples, "seed": prepared.seed, "words": prepared.words.name,
+                "train_length": train_length, "rope_scaling": run.rope_scaling, **result}
+
+    def summary(self, record: dict[str, Any], run: EvalRun) -> str:
+        return format_ruler_table(record["rows"], record["train_length"])
+
+    def save(self, record: dict[str, Any], run: EvalRun) -> tuple[Path, ...]:
+        return save_ruler(record, run.output, title=run.title("RULER"), train_length=record["train_length"])
