@@ -127,15 +127,15 @@ def run_generate(args: argparse.Namespace) -> int:
 
 
 def add_commands(subparsers: argparse._SubParsersAction) -> None:
-    from rotarium.evaluation.registry import EVAL_TASKS
+    from rotarium.evaluation.registry import EVAL_TASKS, selectable
+    from rotarium.evaluation.tasks import listing
 
     ev = subparsers.add_parser(
         "eval", help="validation perplexity at several context lengths (table + PNG)",
         description="Perplexity of a checkpoint at several context lengths, including lengths beyond the training "
                     "length (the length-extrapolation curve). Writes eval/perplexity.json and eval/perplexity.png "
                     "into the checkpoint folder (or --output-dir). "
-                    f"{', '.join(t.selector.name for t in EVAL_TASKS.values() if t.selector)} run other evaluations "
-                    "instead.")
+                    f"{listing([task.label for task in selectable()])} run other evaluations instead.")
     ev.add_argument("--model", required=True, help="checkpoint folder (e.g. runs/default/final) or Hub id")
     defaults = "; ".join(f"{task.label}: {task.lengths_help}" for task in EVAL_TASKS.values())
     ev.add_argument("--context-lengths", type=int_list("--context-lengths", minimum=2), default=None,
