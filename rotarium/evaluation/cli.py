@@ -108,17 +108,24 @@ def run_eval(args: argparse.Namespace) -> int:
     return 0
 
 
+SAMPLING_FLAGS = {"--temperature": "temperature", "--top-k": "top_k", "--top-p": "top_p", "--seed": "seed"}
+
+
 def run_generate(args: argparse.Namespace) -> int:
     from rotarium.evaluation.generate import check_prompt, generate_text
 
     check_prompt(args.prompt)
+    # the sampling flags default to None, so that one given with --greedy (which would ignore it) is refused
+    sampling = {name: getattr(args, name) for name in SAMPLING_FLAGS.values() if getattr(args, name) is not None}
+    if args.greedy and sampling:
+        given = ", ".join(flag for flag, name in SAMPLING_FLAGS.items() if name in sampling)
+        raise ValueError(f"{given} applies to sampling, which --greedy turns off: drop {given} or --greedy")
     if args.device:
         check_device(args.device)
     model, tokenizer = load_for(args)
     texts = generate_text(model, tokenizer, args.prompt, max_new_tokens=args.max_new_tokens,
-                          do_sample=not args.greedy, temperature=args.temperature, top_k=args.top_k,
-                          top_p=args.top_p, repetition_penalty=args.repetition_penalty,
-                          num_return_sequences=args.num_return_sequences, seed=args.seed)
+                          do_sample=not args.greedy, repetition_penalty=args.repetition_penalty,
+                          num_return_sequences=args.num_return_sequences, **sampling)
     if args.json:
         print(json.dumps(texts))
     else:
@@ -166,12 +173,12 @@ def add_commands(subparsers: argparse._SubParsersAction) -> None:
     gen.add_argument("--prompt", required=True, help="the text to continue")
     gen.add_argument("--max-new-tokens", type=int, default=64, help="tokens to generate (default 64)")
     gen.add_argument("--greedy", action="store_true", help="greedy decoding instead of sampling")
-    gen.add_argument("--temperature", type=float, default=0.8, help="sampling temperature (default 0.8)")
-    gen.add_argument("--top-k", type=int, default=50, help="sample among the k likeliest tokens (default 50; 0 off)")
-    gen.add_argument("--top-p", type=float, default=0.95, help="nucleus sampling mass (default 0.95; 1 off)")
+    gen.add_argument("--temperature", type=float, default=None, help="sampling temperature (default 0.8)")
+    gen.add_argument("--top-k", type=int, default=None, help="sample among the k likeliest tokens (default 50; 0 off)")
+    gen.add_argument("--top-p", type=float, default=None, help="nucleus sampling mass (default 0.95; 1 off)")
     gen.add_argument("--repetition-penalty", type=float, default=1.0, help="> 1 discourages repeats (default 1)")
     gen.add_argument("--num-return-sequences", type=int, default=1, help="samples to draw (default 1)")
-    gen.add_argument("--seed", type=int, default=0, help="random seed for sampling (default 0)")
+    gen.add_argument("--seed", type=int, default=None, help="random seed for sampling (default 0)")
     gen.add_argument("--json", action="store_true", help="print the samples as a JSON list")
     gen.add_argument("--device", default=None, help="cpu, cuda, ... (default: cuda when available)")
     gen.add_argument("--dtype", choices=DTYPES, default="auto",

@@ -240,3 +240,12 @@ def test_a_non_finite_factor_is_one_line_before_any_work(rove_checkpoint, text, 
                              capsys), "eval")
     assert message.startswith("rotarium eval: error: --rope-scaling") and "factor" in message
     assert not out.exists()
+
+
+@pytest.mark.parametrize("flags", [["--temperature", "0.5"], ["--top-k", "5", "--seed", "3"], ["--top-p", "0.9"]])
+def test_generate_refuses_sampling_flags_with_greedy_before_loading(tiny_checkpoint, capsys, monkeypatch, flags):
+    monkeypatch.setattr("rotarium.evaluation.cli.load_for", never)
+    message = error_line(run(["generate", "--model", str(tiny_checkpoint), "--prompt", "hi", "--greedy", *flags],
+                             capsys), "generate")
+    given = ", ".join(flag for flag in flags if flag.startswith("--"))
+    assert f"{given} applies to sampling, which --greedy turns off" in message
