@@ -41,7 +41,6 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-ENCODINGS = ("nope", "rope", "rove", "selective_rope")
 PARTS = ("steps", "memory", "numerics")
 GB = 1e9
 # The two columns of every activation figure.
@@ -644,10 +643,11 @@ def previous_records(args) -> dict[tuple[str, str, str], dict]:
 def ordered(records: dict[tuple[str, str, str], dict]) -> list[dict]:
     """Parts, presets and options in their canonical order, whatever order the sittings ran them in."""
     from rotarium.configs.presets import PRESETS
+    from rotarium.layers import POSITION_ENCODINGS
 
     presets = list(PRESETS)
     return sorted(records.values(), key=lambda r: (PARTS.index(r["part"]), presets.index(r["preset"]),
-                                                   ENCODINGS.index(r["option"])))
+                                                   POSITION_ENCODINGS.index(r["option"])))
 
 
 def write_output(args, header: str, records: list[dict]) -> None:
@@ -667,9 +667,11 @@ def parse_list(value: str, allowed: tuple[str, ...], flag: str) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from rotarium.layers import POSITION_ENCODINGS
+
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--presets", default=None, help="comma-separated presets (default: every preset)")
-    parser.add_argument("--options", default=",".join(ENCODINGS), help="comma-separated positional options")
+    parser.add_argument("--options", default=",".join(POSITION_ENCODINGS), help="comma-separated positional options")
     parser.add_argument("--parts", default="steps,memory", help=f"comma-separated, among {', '.join(PARTS)}")
     parser.add_argument("--numerics", action="store_true", help="adds numerics to --parts")
     parser.add_argument("--numerics-steps", type=int, default=None,
@@ -700,7 +702,7 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         presets = parse_list(args.presets, tuple(PRESETS), "--presets") if args.presets else list(PRESETS)
-        options = parse_list(args.options, ENCODINGS, "--options")
+        options = parse_list(args.options, POSITION_ENCODINGS, "--options")
         parts = parse_list(args.parts, PARTS, "--parts")
         if args.numerics_steps is not None and args.numerics_steps < 1:
             raise ValueError(f"--numerics-steps must be a positive integer, got {args.numerics_steps}")

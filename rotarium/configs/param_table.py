@@ -6,6 +6,7 @@ from typing import Any
 import torch
 
 from rotarium.configs.presets import PRESETS, preset_config
+from rotarium.layers import POSITION_ENCODINGS
 from rotarium.models import FAMILY_MODELS
 
 
@@ -17,10 +18,9 @@ def parameter_count(name: str, **overrides: Any) -> int:
 
 
 def markdown_table() -> str:
-    encodings = ("nope", "rope", "rove", "selective_rope")
-    rows = ["| preset | " + " | ".join(encodings) + " |", "|---|" + "---|" * len(encodings)]
+    rows = ["| preset | " + " | ".join(POSITION_ENCODINGS) + " |", "|---|" + "---|" * len(POSITION_ENCODINGS)]
     for name in PRESETS:
-        counts = [parameter_count(name, position_encoding=pe) for pe in encodings]
+        counts = [parameter_count(name, position_encoding=pe) for pe in POSITION_ENCODINGS]
         rows.append(f"| {name} | " + " | ".join(f"{c / 1e6:,.1f}M" for c in counts) + " |")
     return "\n".join(rows)
 

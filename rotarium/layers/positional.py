@@ -36,9 +36,6 @@ from rotarium.ops.rotary import rotate_adjacent_pairs, rotate_half_pairs
 from rotarium.ops.utils import plain_linear
 from rotarium.utils.deprecation import renamed_module_attributes
 
-POSITION_ENCODINGS = ("nope", "rope", "rove", "selective_rope")
-# the options that rotate by position times a frequency: the ones with RoPE frequencies, which a scaling rescales
-ROPE_FREQUENCY_ENCODINGS = ("rope", "rove")
 SPECTRA = ("rope", "rfa")
 # transformers' RoPE scalings; "default" (or no `rope_parameters`) is unscaled RoPE
 ROPE_SCALINGS = ("linear", "dynamic", "yarn", "llama3", "longrope")
@@ -216,8 +213,9 @@ class PositionalSettings:
         return {**parameters, "rope_type": rope_type, "rope_theta": float(self.rope_theta)}
 
     def validate(self) -> None:
-        if self.position_encoding not in POSITION_ENCODINGS:
-            raise ValueError(f"`position_encoding` must be one of {POSITION_ENCODINGS}, got {self.position_encoding!r}")
+        options = tuple(PositionalEncoding.registry)
+        if self.position_encoding not in options:
+            raise ValueError(f"`position_encoding` must be one of {options}, got {self.position_encoding!r}")
         inside = rope_fields_in(self.rope_parameters)  # a message names where its value came from
         theta, partial = (f"rope_parameters.{name}" if name in inside else name for name in ROPE_PARAMETERS_FIELDS)
         if not _is_real(self.partial_rotary_factor) or not 0 < self.partial_rotary_factor <= 1:
@@ -257,18 +255,9 @@ class PositionalSettings:
                              f"{self.max_position_embeddings!r}")
         if self.rope_scaling() is None:
             return
-        if self.position_encoding == "nope":
-            raise ValueError("`rope_parameters` scales RoPE's frequencies: `position_encoding=\"nope\"` has none; use "
-                             "\"rope\" or \"rove\", or leave `rope_parameters` unset")
-        if self.position_encoding == "selective_rope":
-            # docs/design.md §3.5: a scaling maps the training length to a number of turns per frequency; Selective
-            # RoPE's angle is a learned running sum, whose turns over a context depend on the text, not its length
-            raise ValueError(
-                "`rope_parameters` (RoPE scaling: linear, NTK, YaRN, ...) does not apply to "
-                "`position_encoding=\"selective_rope\"`: its angle tau_i * theta_t is a learned running sum of "
-                "per-token rates, not position * frequency, so no frequency has a fixed number of turns over the "
-                "training length to interpolate; its decay, not its spectrum, sets its range. Leave "
-                "`rope_parameters` unset")
+        refusal = PositionalEncoding.registry[self.position_encoding].rope_scaling_refusal
+        if refusal is not None:
+            raise ValueError(refusal)
 
 
 @dataclass
@@ -361,13 +350,22 @@ def scaled_rope(scaling: dict, dim: int, max_position_embeddings: int, seq_len: 
 
 
 class PositionalEncoding(nn.Module):
-    """Base of the family. Subclasses set ``kind`` and implement ``forward``."""
+    """Base of the family. Subclasses set ``kind`` (the name ``position_encoding`` takes) and ``description`` and
+    implement ``forward``; defining one registers it, and every list of the options is read from
+    :attr:`registry` (:data:`POSITION_ENCODINGS`, :data:`ROPE_FREQUENCY_ENCODINGS`)."""
 
     kind: ClassVar[str]
+    description: ClassVar[str]  # its name in words, as a model card gives it
+    # Why transformers' RoPE scalings (`rope_parameters`) cannot apply to the option, the whole error message; None
+    # for the options with RoPE frequencies, which a scaling rescales
+    rope_scaling_refusal: ClassVar[str | None]
     registry: ClassVar[dict[str, type[PositionalEncoding]]] = {}
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
+        missing = [name for name in ("kind", "description", "rope_scaling_refusal") if not hasattr(cls, name)]
+        if missing:
+            raise TypeError(f"positional option {cls.__name__} does not declare {', '.join(missing)}")
         PositionalEncoding.registry[cls.kind] = cls
 
     def __init__(self, settings: PositionalSettings, mixer_spec: MixerSpec):
@@ -398,6 +396,9 @@ def build_positional(settings: PositionalSettings, mixer_spec: MixerSpec) -> Pos
 
 class NoPE(PositionalEncoding):
     kind = "nope"
+    description = "NoPE (no positional encoding)"
+    rope_scaling_refusal = ("`rope_parameters` scales RoPE's frequencies: `position_encoding=\"nope\"` has none; use "
+                            "\"rope\" or \"rove\", or leave `rope_parameters` unset")
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, x: torch.Tensor, seq: SequenceInfo,
                 state: DecodingState | None) -> PositionalOutput:
@@ -408,6 +409,8 @@ class RoPE(PositionalEncoding):
     """Rotary embeddings on q and k from each token's true position."""
 
     kind = "rope"
+    description = "RoPE (rotary position embeddings)"
+    rope_scaling_refusal = None
 
     def __init__(self, settings: PositionalSettings, mixer_spec: MixerSpec):
         super().__init__(settings, mixer_spec)
@@ -487,6 +490,7 @@ class RoVE(RoPE):
     """
 
     kind = "rove"
+    description = "RoVE (rotary value embeddings: RoPE on queries, keys and values)"
 
     def __init__(self, settings: PositionalSettings, mixer_spec: MixerSpec):
         super().__init__(settings, mixer_spec)
@@ -524,6 +528,15 @@ class SelectiveRoPE(PositionalEncoding):
     """
 
     kind = "selective_rope"
+    description = "Selective RoPE (input-dependent rotations with exponential decay)"
+    # docs/design.md §3.5: a scaling maps the training length to a number of turns per frequency; Selective RoPE's
+    # angle is a learned running sum, whose turns over a context depend on the text, not its length
+    rope_scaling_refusal = (
+        "`rope_parameters` (RoPE scaling: linear, NTK, YaRN, ...) does not apply to "
+        "`position_encoding=\"selective_rope\"`: its angle tau_i * theta_t is a learned running sum of "
+        "per-token rates, not position * frequency, so no frequency has a fixed number of turns over the "
+        "training length to interpolate; its decay, not its spectrum, sets its range. Leave "
+        "`rope_parameters` unset")
 
     def __init__(self, settings: PositionalSettings, mixer_spec: MixerSpec):
         super().__init__(settings, mixer_spec)
@@ -678,6 +691,12 @@ class SelectiveRoPE(PositionalEncoding):
             (k,) = rotate_half_pairs(angles, k, heads_major=heads_major)
         return PositionalOutput(q, k, v, log_decay, new_state)
 
+
+# The options' names in the order they are defined, and those a RoPE scaling rescales: read from the registry, the
+# one list of the options
+POSITION_ENCODINGS = tuple(PositionalEncoding.registry)
+ROPE_FREQUENCY_ENCODINGS = tuple(name for name, option in PositionalEncoding.registry.items()
+                                 if option.rope_scaling_refusal is None)
 
 # earlier names, kept with a warning (docs/design.md §6 lists the renames); rotarium.layers answers them too
 RENAMED = {"HeadDims": "MixerSpec", "Encoded": "PositionalOutput"}

@@ -17,6 +17,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from rotarium.layers.positional import POSITION_ENCODINGS
 from rotarium.models.configuration import CONFIGS
 from rotarium.models.modeling import FAMILY_MODELS
 from rotarium.synthetic.tasks import IGNORE, TASKS, make_batch
@@ -25,7 +26,7 @@ from rotarium.training.optim import build_optimizer, clip_norm, set_learning_rat
 from rotarium.utils.devices import check_device
 
 FAMILIES = tuple(FAMILY_MODELS)
-POSITIONS = ("nope", "rope", "rove", "selective_rope")
+POSITIONS = POSITION_ENCODINGS
 
 
 # Model-config fields a synthetic run sets from its own flags or its task: an --option naming one would conflict.

@@ -69,8 +69,6 @@ RULER_FORWARDS = 3
 MARGIN = 0.01  # relative: "lower perplexity" (or answer NLL) means lower by at least 1%
 PERPLEXITY = Scale("perplexity", lower_is_better=True, margin=MARGIN, relative=True)
 ANSWER_NLL = Scale("answer NLL", lower_is_better=True, margin=MARGIN, relative=True)
-# The options whose rotations transformers' RoPE scaling rescales; NoPE has none and Selective RoPE learns its angles
-SCALABLE = ROPE_FREQUENCY_ENCODINGS
 
 
 def variant(position: str, rope_scaling: str = "") -> str:
@@ -94,7 +92,7 @@ class Scoring:
     ruler_fits: tuple[tuple[str, int], ...] = ()
 
     def scalings(self, position: str) -> tuple[str, ...]:
-        return ("", "yarn") if self.yarn and position in SCALABLE else ("",)
+        return ("", "yarn") if self.yarn and position in ROPE_FREQUENCY_ENCODINGS else ("",)
 
 
 def fitting_ruler(scoring: Scoring, tokenizer: Path, train_length: int, log: Callable[[str], None]) -> Scoring:
@@ -649,8 +647,8 @@ def extrapolation_sweep(overrides: dict[str, Any], output_dir: str | os.PathLike
     for key in ("model.family", "model.position_encoding", "train.seed"):
         if key in overrides:
             raise ValueError(f"--{key} is set per run here; use --families, --positions or --seeds")
-    if scoring.yarn and not set(positions) & set(SCALABLE):
-        raise ValueError(f"--yarn rescales {' and '.join(SCALABLE)}; --positions has neither")
+    if scoring.yarn and not set(positions) & set(ROPE_FREQUENCY_ENCODINGS):
+        raise ValueError(f"--yarn rescales {' and '.join(ROPE_FREQUENCY_ENCODINGS)}; --positions has neither")
     output_dir, runs_dir = Path(output_dir), Path(runs_dir)
     check_writable_folder(output_dir, "--output-dir")  # before the runs, whose rows it records as each ends
     check_writable_folder(runs_dir, "--runs-dir")

@@ -16,6 +16,8 @@ from typing import Any
 import yaml
 
 from rotarium.data.config import DEFAULT_SEED, DataSection
+from rotarium.layers.positional import POSITION_ENCODINGS
+from rotarium.models.modeling import FAMILY_MODELS
 from rotarium.utils.deprecation import renamed_module_attributes
 
 
@@ -23,11 +25,11 @@ from rotarium.utils.deprecation import renamed_module_attributes
 class ModelSection:
     """``family`` + ``preset`` (a name of ``rotarium.PRESETS``) or explicit sizes; ``options`` are any further
     model-config fields (positional settings, family fields)."""
-    family: str = field(default="gla", metadata={"help": "gla | fox | deltanet | transformer"})
+    family: str = field(default="gla", metadata={"help": " | ".join(FAMILY_MODELS)})
     preset: str | None = field(default=None, metadata={
         "help": "a preset such as gla-370m: its family and sizes replace family, hidden_size, num_hidden_layers, "
                 "num_heads and intermediate_size"})
-    position_encoding: str = field(default="selective_rope", metadata={"help": "nope | rope | rove | selective_rope"})
+    position_encoding: str = field(default="selective_rope", metadata={"help": " | ".join(POSITION_ENCODINGS)})
     hidden_size: int = field(default=256, metadata={"help": "model width"})
     num_hidden_layers: int = field(default=4, metadata={"help": "number of blocks"})
     num_heads: int = field(default=4, metadata={"help": "heads of each token mixer"})

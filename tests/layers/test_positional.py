@@ -1,4 +1,5 @@
 """The positional layer's defining properties, each against an independent formulation."""
+import dataclasses
 import math
 
 import pytest
@@ -6,9 +7,18 @@ import torch
 import torch.nn.functional as F
 
 from rotarium.layers import MixerSpec, PositionalSettings, SequenceInfo, build_mixer, build_positional
+from rotarium.layers.positional import (
+    POSITION_ENCODINGS,
+    ROPE_FREQUENCY_ENCODINGS,
+    NoPE,
+    PositionalEncoding,
+    RoPE,
+)
 from rotarium.layers.state import SelectiveRoPEState
 from rotarium.ops import chunk_gla
 from rotarium.ops.cumsum import segment_cumsum
+from rotarium.synthetic.runner import POSITIONS as RUN_POSITIONS
+from rotarium.training.config import ModelSection
 from tests.layers.helpers import FAMILIES, HIDDEN, make_mixer, run
 from tests.ops.test_rotary import rotation_matrix
 
@@ -327,3 +337,40 @@ def test_temperature_bases_below_one_are_accepted_and_default_settings_are_uncha
     defaults = PositionalSettings()
     assert (defaults.selective_rope_temperature_base, defaults.selective_rope_tau_max, defaults.selective_rope_rank,
             defaults.selective_rope_activation, defaults.selective_rope_spectrum) == (500000.0, 1.0, 32, "silu", "rope")
+
+
+@pytest.fixture
+def registry_restored():
+    """The options' registry as it was after the test, which may define an option (defining one registers it)."""
+    saved = dict(PositionalEncoding.registry)
+    yield
+    PositionalEncoding.registry.clear()
+    PositionalEncoding.registry.update(saved)
+
+
+def test_an_option_that_leaves_out_a_declaration_fails_when_defined(registry_restored):
+    with pytest.raises(TypeError, match="Partial does not declare description, rope_scaling_refusal$"):
+        type("Partial", (PositionalEncoding,), {"kind": "partial"})
+    with pytest.raises(TypeError, match="does not declare kind, description, rope_scaling_refusal"):
+        type("Bare", (PositionalEncoding,), {})
+    assert tuple(PositionalEncoding.registry) == POSITION_ENCODINGS
+
+
+def test_a_new_option_is_read_from_its_class_by_every_decision(registry_restored):
+    """The options' names and which of them a RoPE scaling applies to are the registry's: an option defined
+    anywhere is accepted by the settings, and its own declaration decides the scaling."""
+    type("Refusing", (NoPE,), {"kind": "refusing", "description": "Refusing", "rope_scaling_refusal": "not here"})
+    type("Scaled", (RoPE,), {"kind": "scaled", "description": "Scaled"})
+    yarn = {"rope_type": "yarn", "factor": 2.0}
+    assert PositionalSettings(position_encoding="refusing").position_encoding == "refusing"
+    with pytest.raises(ValueError, match="^not here$"):
+        PositionalSettings(position_encoding="refusing", rope_parameters=yarn)
+    assert PositionalSettings(position_encoding="scaled", rope_parameters=yarn).rope_scaling()["factor"] == 2.0
+
+
+def test_the_lists_of_options_are_the_registry():
+    assert POSITION_ENCODINGS == ("nope", "rope", "rove", "selective_rope") == tuple(PositionalEncoding.registry)
+    assert ROPE_FREQUENCY_ENCODINGS == ("rope", "rove")
+    assert RUN_POSITIONS is POSITION_ENCODINGS
+    model_help = {f.name: f.metadata["help"] for f in dataclasses.fields(ModelSection)}
+    assert model_help["position_encoding"] == "nope | rope | rove | selective_rope"

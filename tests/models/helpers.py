@@ -3,10 +3,11 @@ from __future__ import annotations
 import torch
 
 import rotarium  # noqa: F401  (registers the Auto classes)
+from rotarium.layers import POSITION_ENCODINGS
 from rotarium.models import CONFIGS, FAMILY_MODELS
 
 FAMILIES = tuple(FAMILY_MODELS)
-ENCODINGS = ("nope", "rope", "rove", "selective_rope")
+ENCODINGS = POSITION_ENCODINGS
 COMBINATIONS = [(f, p) for f in FAMILIES for p in ENCODINGS]
 VOCAB = 61
 
