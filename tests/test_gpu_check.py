@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from rotarium.layers import MIXERS, SoftmaxAttention
+from rotarium.layers import MIXERS, POSITION_ENCODINGS, SoftmaxAttention
 from rotarium.models import FAMILY_MODELS
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -31,7 +31,7 @@ SOFTMAX = {family for family, mixer in MIXERS.items() if issubclass(mixer, Softm
 FAMILIES = tuple(f"{name} (qk_norm, GQA)" if name in SOFTMAX else name for name in ROW_FAMILIES)
 # the positional option of each family's row without host synchronisation (RoPE for a family not named)
 NO_SYNC = {"gla": "rope", "fox": "rove", "deltanet": "selective_rope", "transformer": "selective_rope"}
-ENCODINGS = ("nope", "rope", "rove", "selective_rope")
+ENCODINGS = POSITION_ENCODINGS
 # fla's model classes of the presets that fla has (the Transformer's needs flash-attn)
 FLA_PEERS = {"gla-370m": "GLAForCausalLM", "fox-370m": "ForgettingTransformerForCausalLM",
              "deltanet-370m": "DeltaNetForCausalLM", "gated-deltanet-370m": "GatedDeltaNetForCausalLM"}
@@ -214,6 +214,13 @@ def test_fla_peer_is_refused_where_fla_has_no_such_model(gpu_check):
         gpu_check.fla_peer_config(preset_config("gla-370m", position_encoding="rope"), 128, 256)
     model_type, kwargs = gpu_check.fla_peer_config(preset_config("deltanet-370m", use_gated_delta=True), 128, 128)
     assert model_type == "gated_deltanet" and (kwargs["head_dim"], kwargs["expand_v"]) == (128, 1.0)
+
+
+def test_the_fla_peers_name_every_family_and_a_family_left_out_fails_by_name(gpu_check):
+    assert tuple(gpu_check.FLA_PEER_CONFIGS) == tuple(FAMILY_MODELS)
+    partial = {family: peer for family, peer in gpu_check.FLA_PEER_CONFIGS.items() if family != "fox"}
+    with pytest.raises(ValueError, match=r"PEERS must name every family .*missing \['fox'\]"):
+        gpu_check.every_family(partial, "PEERS")
 
 
 @pytest.mark.parametrize("name", list(FLA_PEERS))

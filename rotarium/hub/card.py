@@ -18,22 +18,18 @@ from urllib.parse import quote
 import yaml
 
 from rotarium.hub.checkpoint import Checkpoint, is_hub_id, looks_like_local_path
+from rotarium.layers.positional import PositionalEncoding
+from rotarium.models import FAMILY_MODELS
 
-FAMILY_NAMES = {
-    "gla": "GLA (Gated Linear Attention, Yang et al., 2024)",
-    "fox": "FoX (the Forgetting Transformer, Lin et al., ICLR 2025)",
-    "deltanet": "DeltaNet (linear attention with the delta rule, Yang et al., 2024)",
-    "transformer": "Transformer (Llama-style: RMSNorm, SwiGLU, softmax attention)",
-}
-POSITIONAL_NAMES = {
-    "nope": "NoPE (no positional encoding)",
-    "rope": "RoPE (rotary position embeddings)",
-    "rove": "RoVE (rotary value embeddings: RoPE on queries, keys and values)",
-    "selective_rope": "Selective RoPE (input-dependent rotations with exponential decay)",
-}
 ARCHITECTURE_FIELDS = ("hidden_size", "num_hidden_layers", "num_heads", "num_kv_heads", "intermediate_size",
                        "vocab_size", "expand_k", "expand_v", "use_gated_delta", "rope_theta",
                        "max_position_embeddings", "tie_word_embeddings", "dtype")
+
+
+def _positional_name(position_encoding: str) -> str:
+    """The option's description (its class's), or the name as the config gives it where no option has it."""
+    option = PositionalEncoding.registry.get(position_encoding)
+    return position_encoding if option is None else option.description
 
 
 def format_count(n: int) -> str:
@@ -137,13 +133,13 @@ def model_card(checkpoint: Checkpoint, *, repo: str, num_parameters: int, licens
     config = checkpoint.config
     family, pe = checkpoint.family, config.get("position_encoding", "nope")
     name = repo.rstrip("/").rsplit("/", 1)[-1]
-    family_name = FAMILY_NAMES[family]
+    family_name = FAMILY_MODELS[family].description
     if family == "deltanet" and config.get("use_gated_delta"):
         family_name = "Gated " + family_name
     header = yaml.safe_dump(metadata(checkpoint, license, datasets), sort_keys=False, allow_unicode=True)
     parts = [f"---\n{header}---\n", f"# {markdown_text(name)}\n",
              (f"A {format_count(num_parameters)}-parameter causal language model: **{family_name}** token mixers "
-              f"with **{markdown_text(POSITIONAL_NAMES.get(pe, pe))}**, built with rotarium.\n"),
+              f"with **{markdown_text(_positional_name(pe))}**, built with rotarium.\n"),
              "## Model\n",
              markdown_table([{"field": "family", "value": family}, {"field": "position_encoding", "value": pe},
                              {"field": "parameters", "value": f"{format_count(num_parameters)} ({num_parameters:,})"},

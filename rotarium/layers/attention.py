@@ -76,6 +76,11 @@ class SoftmaxAttention(nn.Module):
             hidden_size, num_heads, num_kv_heads, self.head_dim, self.head_dim, has_decay=forget_gate,
             heads_major=True, softmax=True))
 
+    def unweighted_flops_per_token(self, seq_len: int) -> int:
+        """The forward FLOPs per token that no weight counts (rotarium.training.flops): the scores and the weighted
+        sum of the values, ``2 Q`` each per query head and context position."""
+        return 4 * self.num_heads * self.head_dim * seq_len
+
     def forward(self, hidden_states: torch.Tensor, seq: SequenceInfo, state: AttentionState | None = None,
                 use_cache: bool = False, output_attentions: bool = False) -> tuple:
         """hidden_states ``[B, T, d]`` -> ``([B, T, d], the layer's new cache state when use_cache)``, and with

@@ -25,6 +25,7 @@ from rotarium.ops import (
     fused_recurrent_gated_delta_rule,
     fused_recurrent_gla,
 )
+from rotarium.ops.gla.chunk import CHUNK_SIZE
 from rotarium.ops.l2norm import l2norm
 from rotarium.utils.deprecation import renamed_method, warn_renamed
 
@@ -180,6 +181,12 @@ class GatedLinearAttention(LinearAttentionMixer):
                                      nn.Linear(gate_low_rank_dim, (self.head_k_dim - self.tied_pairs) * num_heads,
                                                bias=True))
 
+    def unweighted_flops_per_token(self, seq_len: int) -> int:
+        """The forward FLOPs per token that no weight counts (rotarium.training.flops), chunkwise: the state's update
+        and read, and within a chunk the scores and their values."""
+        K, V = self.head_k_dim, self.head_v_dim
+        return self.num_heads * (4 * K * V + 2 * CHUNK_SIZE * (K + V))
+
     def mix(self, enc: PositionalOutput, x: torch.Tensor, seq: SequenceInfo, recurrent: torch.Tensor | None,
             use_cache: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
         B, T, _ = x.shape
@@ -214,6 +221,12 @@ class DeltaNet(LinearAttentionMixer):
             self.A_log = nn.Parameter(torch.empty(num_heads))
             self.dt_bias = nn.Parameter(torch.empty(num_heads))
             self.reset_decay()
+
+    def unweighted_flops_per_token(self, seq_len: int) -> int:
+        """The forward FLOPs per token that no weight counts (rotarium.training.flops), chunkwise in the WY form: the
+        chunk's products, the three with the state, and inverting the chunk's triangular matrix."""
+        K, V, C = self.head_k_dim, self.head_v_dim, CHUNK_SIZE
+        return self.num_heads * (6 * K * V + 6 * C * K + 4 * C * V + 2 * C * C // 3)
 
     def special_init(self) -> dict[str, torch.Tensor]:
         """Mamba-2 / Gated DeltaNet initialisation: A ~ U(1, 16), dt ~ logU(1e-3, 1e-1) through softplus^-1."""

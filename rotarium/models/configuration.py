@@ -47,8 +47,8 @@ POSITIONAL_DOCS_PLACEHOLDER = "        {positional fields}\n"
 class RotariumConfig(PretrainedConfig):
     r"""The fields every family shares: the model's sizes, its special tokens and the positional layer's options.
 
-    A family's class adds its mixer's options and sets ``model_type``, ``family``, ``default_num_heads``,
-    ``mixer_fields`` (its fields that go to the mixer) and ``presets``; its record in
+    A family's class adds its mixer's options and sets ``model_type``, ``family``, ``description``,
+    ``default_num_heads``, ``mixer_fields`` (its fields that go to the mixer) and ``presets``; its record in
     ``rotarium.models.modeling.FAMILY_MODELS`` registers it. Every field is validated at construction, with a
     ``ValueError`` that names it.
 
@@ -86,6 +86,7 @@ class RotariumConfig(PretrainedConfig):
     """
 
     family: ClassVar[str]
+    description: ClassVar[str]  # the family in words, as a model card names it
     default_num_heads: ClassVar[int]
     mixer_fields: ClassVar[tuple[str, ...]]
     presets: ClassVar[dict[str, dict[str, Any]]]
@@ -328,6 +329,7 @@ class GLAConfig(RotariumConfig):
 
     model_type = "rotarium_gla"
     family = "gla"
+    description = "GLA (Gated Linear Attention, Yang et al., 2024)"
     default_num_heads = 4
     mixer_fields = ("expand_k", "expand_v", "use_short_conv", "conv_size", "gate_low_rank_dim",
                     "gate_logit_normalizer", "head_dim", "rotary_gate_per_pair")
@@ -377,6 +379,7 @@ class FoXConfig(RotariumConfig):
 
     model_type = "rotarium_fox"
     family = "fox"
+    description = "FoX (the Forgetting Transformer, Lin et al., ICLR 2025)"
     default_num_heads = 16
     mixer_fields = ("num_kv_heads", "head_dim", "qk_norm", "qk_norm_per_head", "qk_norm_eps", "output_gate",
                     "attention_bias")
@@ -426,6 +429,7 @@ class DeltaNetConfig(RotariumConfig):
 
     model_type = "rotarium_deltanet"
     family = "deltanet"
+    description = "DeltaNet (linear attention with the delta rule, Yang et al., 2024)"
     default_num_heads = 8
     mixer_fields = ("expand_k", "expand_v", "use_short_conv", "conv_size", "use_gated_delta", "use_output_gate",
                     "head_dim")
@@ -475,6 +479,7 @@ class TransformerConfig(RotariumConfig):
 
     model_type = "rotarium_transformer"
     family = "transformer"
+    description = "Transformer (Llama-style: RMSNorm, SwiGLU, softmax attention)"
     default_num_heads = 16
     mixer_fields = ("num_kv_heads", "head_dim", "attention_bias", "qk_norm", "qk_norm_per_head", "qk_norm_eps")
     presets: ClassVar[dict[str, dict[str, Any]]] = {

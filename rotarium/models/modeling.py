@@ -519,6 +519,11 @@ class FamilyClasses(NamedTuple):
         return self.config.model_type
 
     @property
+    def description(self) -> str:
+        """The family in words (its config's ``description``), as a model card names it."""
+        return self.config.description
+
+    @property
     def mixer(self) -> type[nn.Module]:
         return MIXERS[self.name]
 
@@ -529,14 +534,21 @@ class FamilyClasses(NamedTuple):
 
 
 def family_registry(*records: FamilyClasses) -> dict[str, FamilyClasses]:
-    """The records by family name, in the order given, each checked to be whole: a mixer registered under its name,
-    and model classes bound to its config."""
+    """The records by family name, in the order given, each checked to be whole: a mixer registered under its name
+    that counts its own FLOPs (``unweighted_flops_per_token``), a ``description`` of its own on its config, and
+    model classes bound to its config."""
     registry: dict[str, FamilyClasses] = {}
     for record in records:
         if record.name in registry:
             raise ValueError(f"family {record.name!r} is declared twice")
         if record.name not in MIXERS:
             raise ValueError(f"family {record.name!r} has no mixer: register one in rotarium.layers.MIXERS")
+        if getattr(record.mixer, "unweighted_flops_per_token", None) is None:
+            raise ValueError(f"family {record.name!r}: its mixer {record.mixer.__name__} does not count its FLOPs; "
+                             "define its `unweighted_flops_per_token(seq_len)` (rotarium.training.flops)")
+        if not vars(record.config).get("description"):
+            raise ValueError(f"family {record.name!r}: {record.config.__name__} has no `description` of its own (the "
+                             "family in words, as a model card names it)")
         for bound in (record.model, record.lm):
             if bound.config_class is not record.config:
                 raise ValueError(f"{bound.__name__}.config_class is {bound.config_class.__name__}, not "

@@ -24,9 +24,7 @@ from __future__ import annotations
 
 from torch import nn
 
-from rotarium.layers.attention import SoftmaxAttention
-from rotarium.layers.linear_attention import DeltaNet, GatedLinearAttention
-from rotarium.ops.gla.chunk import CHUNK_SIZE
+from rotarium.layers import MIXERS
 
 # Dense bf16 tensor-core peaks from the vendors' data sheets (FLOP/s), by a part of torch.cuda.get_device_name(); the
 # first that matches counts, so the longer names come first.
@@ -46,17 +44,11 @@ def weight_parameters(model: nn.Module) -> int:
 
 
 def mixer_flops(module: nn.Module, seq_len: int) -> int:
-    """The forward FLOPs per token of one mixer that its weights do not count (see the module docstring); 0 for a
-    module that is not a mixer."""
-    C = CHUNK_SIZE
-    if isinstance(module, SoftmaxAttention):
-        return 4 * module.num_heads * module.head_dim * seq_len
-    if isinstance(module, GatedLinearAttention):
-        K, V = module.head_k_dim, module.head_v_dim
-        return module.num_heads * (4 * K * V + 2 * C * (K + V))
-    if isinstance(module, DeltaNet):
-        K, V = module.head_k_dim, module.head_v_dim
-        return module.num_heads * (6 * K * V + 6 * C * K + 4 * C * V + 2 * C * C // 3)
+    """The forward FLOPs per token of one mixer that its weights do not count (see the module docstring), which each
+    family's mixer declares (``unweighted_flops_per_token``, required by the families' registry); 0 for a module
+    that is not a mixer."""
+    if isinstance(module, tuple(MIXERS.values())):
+        return module.unweighted_flops_per_token(seq_len)
     return 0
 
 

@@ -80,3 +80,42 @@ def test_checkpoints_keep_their_keys_and_configs(family):
     assert set(model.state_dict()) == SAVED_KEYS[family]
     saved = model.config.to_json_string()
     assert not any(mixer.__name__ in saved for mixer in MIXERS.values())
+
+
+def test_the_registry_refuses_a_family_that_lacks_a_declaration():
+    """What the card, the FLOPs count and the GPU check read of a family is on its record: a family that leaves one
+    out fails at registration, by name, instead of getting another family's text, formula or mapping."""
+
+    class UndescribedConfig(GLAConfig):
+        family = "gla"  # GLA's mixer, but no description of its own
+
+    with pytest.raises(ValueError, match="UndescribedConfig has no `description` of its own"):
+        family_registry(FamilyClasses(UndescribedConfig, *bound_to(UndescribedConfig)))
+
+    class Uncounted(MIXERS["gla"]):
+        unweighted_flops_per_token = None
+
+    class UncountedConfig(GLAConfig):
+        family = "uncounted"
+        description = "a mixer that does not count its FLOPs"
+
+    MIXERS["uncounted"] = Uncounted
+    try:
+        with pytest.raises(ValueError, match="its mixer Uncounted does not count its FLOPs"):
+            family_registry(FamilyClasses(UncountedConfig, *bound_to(UncountedConfig)))
+    finally:
+        del MIXERS["uncounted"]
+
+
+def bound_to(config: type) -> tuple[type, type]:
+    """Model and causal-LM classes bound to ``config``, as a family declares them."""
+    model = type(f"{config.__name__}Model", (FAMILY_MODELS["gla"].model,), {"config_class": config})
+    lm = type(f"{config.__name__}ForCausalLM", (FAMILY_MODELS["gla"].lm,), {"config_class": config})
+    return model, lm
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_every_family_declares_what_is_read_of_it(family):
+    record = FAMILY_MODELS[family]
+    assert record.description == vars(record.config)["description"]
+    assert record.mixer.unweighted_flops_per_token is not None
