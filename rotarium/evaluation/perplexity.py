@@ -1,10 +1,12 @@
 """Perplexity against context length: the length-extrapolation curve of the papers.
 
-The text is one token stream (documents joined by blank lines, so a context can span several; a prepared folder's
-validation split is its own token stream, each document framed as training read it); for a context length L it is
-cut into non-overlapping windows of L tokens and every prediction in every window is scored. Each length scores the
-same tokens where the text allows (``max_tokens`` of them), so the numbers differ only by how much context the
-model gets, up to the window's own length.
+The text is one token stream, each document framed as the run's training framed it (the tokenizer's bos where its
+template starts a text with one, the text, the eos that ends a document in packing: the same function training and
+``rotarium prepare`` use, :class:`~rotarium.data.prepared.DocumentEncoder`), so a context can span several
+documents as a training sequence does; a prepared folder's validation split is stored so framed. For a context
+length L it is cut into non-overlapping windows of L tokens and every prediction in every window is scored. Each
+length scores the same tokens where the text allows (``max_tokens`` of them), so the numbers differ only by how
+much context the model gets, up to the window's own length.
 """
 from __future__ import annotations
 
@@ -17,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
 import torch
 
 from rotarium.data.config import DEFAULT_SEED, DataSection
@@ -30,7 +33,7 @@ from rotarium.data.heldout import (
     recorded_source,
     warn_if_changed,
 )
-from rotarium.data.prepared import PreparedCorpus, is_prepared, tokenizer_fingerprint
+from rotarium.data.prepared import DocumentEncoder, PreparedCorpus, is_prepared, tokenizer_fingerprint
 from rotarium.evaluation.outputs import check_result_paths, result_path
 from rotarium.evaluation.tasks import EvalRun, EvalTask, Flag, training_length
 from rotarium.utils.files import make_folder, write_json_atomic
@@ -46,18 +49,19 @@ MAX_TOKENS = 65536
 
 
 def stream_tokens(tokenizer: PreTrainedTokenizerBase, texts: list[str]) -> torch.Tensor:
-    ids: list[int] = []
-    for text in texts:
-        ids.extend(tokenizer("\n\n" + text if ids else text, add_special_tokens=False)["input_ids"])
-    return torch.tensor(ids, dtype=torch.long)
+    """``texts`` as one token stream ``[N]``, each document framed as training frames it (the framing is the
+    tokenizer's, which the checkpoint carries: a run has no other), so the model is scored on text as it was
+    trained to read it."""
+    tokens, _ = DocumentEncoder(tokenizer, np.dtype(np.int64))(list(texts))
+    return torch.from_numpy(tokens)
 
 
 def evaluation_tokens(text: list[str] | PreparedCorpus, tokenizer: PreTrainedTokenizerBase,
                       limit: int) -> torch.Tensor:
-    """The token stream ``[N]`` to score: documents tokenised and joined (:func:`stream_tokens`), or a prepared
-    folder's validation split as it is stored, its first ``limit`` tokens (all of them are never needed: see
-    :func:`perplexity_by_context`). Raises ``ValueError`` when ``tokenizer`` is not the folder's: its ids would mean
-    other text."""
+    """The token stream ``[N]`` to score: documents tokenised and framed as training frames them
+    (:func:`stream_tokens`), or a prepared folder's validation split as it is stored, its first ``limit`` tokens
+    (all of them are never needed: see :func:`perplexity_by_context`). Raises ``ValueError`` when ``tokenizer`` is
+    not the folder's: its ids would mean other text."""
     if not isinstance(text, PreparedCorpus):
         return stream_tokens(tokenizer, text)
     if tokenizer_fingerprint(tokenizer) != text.tokenizer_sha256:
