@@ -241,8 +241,12 @@ class BatchSchedule:
         if len(data) < 1:
             raise ValueError("no training sequence to schedule")
         self.order = EpochOrder(len(data), seed, order_cache)
-        self.start_step = start_step
-        self.start_sequences = start_step * self.global_batch if start_sequences is None else start_sequences
+        self.restore(start_step, start_sequences)
+
+    def restore(self, step: int, sequences: int | None = None) -> None:
+        """Goes on from step ``step`` with ``sequences`` consumed before it (default ``step * global_batch``)."""
+        self.start_step = step
+        self.start_sequences = step * self.global_batch if sequences is None else sequences
 
     @property
     def global_batch(self) -> int:

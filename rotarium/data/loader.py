@@ -130,6 +130,15 @@ class BatchLoader:
         self._iterator: Iterator | None = None
         self.order = MicroBatchOrder(start_step, schedule.accum)
 
+    def restore(self, step: int, sequences: int | None = None) -> None:
+        """Starts at step ``step`` instead, with ``sequences`` consumed before it
+        (:meth:`~rotarium.data.batches.BatchSchedule.restore`); before the first batch only."""
+        if self._iterator is not None:
+            raise RuntimeError("the loader has started; restore it before its first batch")
+        self.schedule.restore(step, sequences)
+        self.start_step = self._loader.sampler.start_step = step
+        self.order = MicroBatchOrder(step, self.schedule.accum)
+
     def batch(self, step: int, micro: int) -> dict[str, torch.Tensor]:
         """Micro-batch ``micro`` of step ``step``, which must be the one after the last one asked for (the first:
         ``(start_step, 0)``)."""

@@ -168,15 +168,26 @@ class StreamLoader:
     def __init__(self, source: StreamShards, plan: StreamPlan, tokenizer: PreTrainedTokenizerBase, seq_len: int,
                  batch_size: int, accum: int, seed: int, shuffle: int, start_step: int, num_workers: int, *,
                  state: dict[str, Any] | None = None, prefetch: int = 2):
-        state = state or {}
         self.source, self.plan, self.seq_len, self.batch_size = source, plan, seq_len, batch_size
-        self.position: Position = tuple(state.get("position", (0, 0, 0)))
-        self.packer = Packer(seq_len, tokenizer.eos_token_id, state.get("tokens", ()), state.get("starts", ()))
-        self.order = MicroBatchOrder(start_step, accum)
-        self._loader = torch.utils.data.DataLoader(
-            _Chunks(source, plan, seed, max(1, shuffle), self.position, tokenizer), batch_size=None,
-            num_workers=num_workers, collate_fn=as_is, prefetch_factor=prefetch if num_workers else None)
+        self.tokenizer, self.accum, self.seed, self.shuffle = tokenizer, accum, seed, max(1, shuffle)
+        self.num_workers, self.prefetch = num_workers, prefetch
         self._iterator: Iterator | None = None
+        self.restore(start_step, state)
+
+    def restore(self, step: int, state: dict[str, Any] | None = None) -> None:
+        """Starts at step ``step`` from ``state`` (an earlier loader's :meth:`state`; None: the stream's start);
+        before the first batch only."""
+        if self._iterator is not None:
+            raise RuntimeError("the loader has started; restore it before its first batch")
+        state = state or {}
+        self.position: Position = tuple(state.get("position", (0, 0, 0)))
+        self.packer = Packer(self.seq_len, self.tokenizer.eos_token_id, state.get("tokens", ()),
+                             state.get("starts", ()))
+        self.order = MicroBatchOrder(step, self.accum)
+        self._loader = torch.utils.data.DataLoader(
+            _Chunks(self.source, self.plan, self.seed, self.shuffle, self.position, self.tokenizer), batch_size=None,
+            num_workers=self.num_workers, collate_fn=as_is,
+            prefetch_factor=self.prefetch if self.num_workers else None)
         self._documents: deque[tuple[list[int], Position]] = deque()
         self._chunk = 0
         self._epoch_tokens = (self.position[0], 0, self.position[1:] == (0, 0))  # epoch, tokens, read from its start

@@ -165,6 +165,7 @@ class RunData:
     validation_documents: list[str] | None
     prepared: PreparedCorpus | None = None
     stream: dict[str, Any] | None = None
+    rank: int = 0
 
     @property
     def schedule(self) -> BatchSchedule | None:
@@ -185,6 +186,19 @@ class RunData:
             return {"stream": self.stream, "processes": [self.train.state()]}
         identity = self.prepared.identity if self.prepared is not None else {"prepared": None, "tokenizer": None}
         return {**self.schedule.position(step), **identity}
+
+    def restore(self, step: int, position: dict[str, Any]) -> None:
+        """Goes on from the ``position`` a checkpoint of ``step`` recorded (:meth:`position`, every process's;
+        empty for a checkpoint without one): the sequences consumed, or this process's place in a stream under the
+        layout its positions belong to (``check_data`` refused another one unless ``--allow-config-change data``,
+        which reads the stream again from its start)."""
+        if isinstance(self.train, StreamLoader):
+            processes = position.get("processes")
+            same = position.get("stream") == self.stream and isinstance(processes, list)
+            self.train.restore(step, processes[self.rank] if same else None)
+            return
+        sequences = position.get("sequences")
+        self.train.restore(step, sequences if isinstance(sequences, int) else None)
 
     def close(self) -> None:
         """Stops a loader's worker processes."""
@@ -251,7 +265,7 @@ def prepare_data(config: Config, tokenizer: PreTrainedTokenizerBase, world: int,
         layout = stream_layout(len(stream), world)
         val = PackedSequences(val.tokens[:max_val_rows], val.starts[:max_val_rows])
         return RunData(train, validation_batches(val, t.batch_size, t.eval_batches, world, rank), held_out, None,
-                       layout)
+                       layout, rank)
     else:
         documents = documents if documents is not None else list(iter_documents(d))
         train_docs, held_out = split_documents(documents, d.validation_fraction, t.seed)
@@ -259,4 +273,5 @@ def prepare_data(config: Config, tokenizer: PreTrainedTokenizerBase, world: int,
         train = BatchSchedule(pack_all(tokenizer, train_docs, d.seq_len, "training"), t.batch_size, accum, world,
                               rank, t.seed, start_step=start_step, start_sequences=start_sequences)
     val = PackedSequences(val.tokens[:max_val_rows], val.starts[:max_val_rows])
-    return RunData(train, validation_batches(val, t.batch_size, t.eval_batches, world, rank), held_out, prepared)
+    return RunData(train, validation_batches(val, t.batch_size, t.eval_batches, world, rank), held_out, prepared,
+                   rank=rank)

@@ -8,11 +8,12 @@ threshold as surely as a sudden spike. A checkpoint is good when no step since t
 start) had a bad loss. So a run that recovers from a transient spike writes good checkpoints again, while the
 checkpoints written during a blow-up, whose every interval holds bad steps, are never good.
 
-The guard keeps its counters in the trainer state, which every checkpoint saves, so a resumed run goes on with
-them.
+The guard's counters are a part of the trainer state (:meth:`LossGuard.state_dict`, saved by every checkpoint), so
+a resumed run goes on with them.
 """
 from __future__ import annotations
 
+import copy
 import math
 import statistics
 from typing import Any
@@ -21,12 +22,18 @@ from typing import Any
 class LossGuard:
     """``observe(step, loss)`` after each step; ``checkpoint_verdict()`` when a checkpoint is written."""
 
-    def __init__(self, spike_factor: float, window: int, vocab_size: int, state: dict[str, Any]):
+    def __init__(self, spike_factor: float, window: int, vocab_size: int):
         self.spike_factor, self.window = spike_factor, window
         self.ceiling = math.log(vocab_size)
-        # a saved state without the guard's counters (the guard stored none in it): start them afresh
-        self.state = state.setdefault("guard", {"recent": [], "reference": None, "bad_since_good": 0,
-                                                "first_bad_since_good": None, "bad_since_checkpoint": 0})
+        self.state: dict[str, Any] = {"recent": [], "reference": None, "bad_since_good": 0,
+                                      "first_bad_since_good": None, "bad_since_checkpoint": 0}
+
+    def state_dict(self) -> dict[str, Any]:
+        return copy.deepcopy(self.state)
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Goes on with the counters a checkpoint saved (a key it lacks keeps its fresh value)."""
+        self.state.update(copy.deepcopy({key: state[key] for key in self.state if key in state}))
 
     @property
     def threshold(self) -> float:

@@ -73,6 +73,7 @@ from rotarium.training.run_folder import (
     RunFolder,
     read_trainer_state,
 )
+from rotarium.training.state import DataPosition, LoopCounters, TrainerState
 from rotarium.utils.files import read_jsonl, write_json_atomic
 from rotarium.utils.interrupts import raise_if_interrupted
 
@@ -191,18 +192,7 @@ class Trainer:
         self._stream = stream
         set_seed(t.seed)
         self.resume_from = plan.checkpoint
-        self.start_step = 0
-        self.state: dict[str, Any] = {"step": 0, "tokens": 0, "bad_steps_in_a_row": 0, "skipped_steps": 0}
-        if self.resume_from is not None:
-            self.state = read_trainer_state(self.resume_from)
-            self.start_step = self.state["step"]
-        # where the data stopped: the sequences consumed, recorded since runs record a data position
-        position = self.state.get("data") if isinstance(self.state.get("data"), dict) else {}
-        start_sequences = position.get("sequences") if isinstance(position.get("sequences"), int) else None
-        # a stream goes on from where this process stood, under the layout its positions belong to (check_data
-        # refused another one unless --allow-config-change data, which reads the stream again from its start)
-        stream_state = (position["processes"][acc.process_index]
-                        if layout is not None and position.get("stream") == layout else None)
+        self.counters = LoopCounters()
 
         documents = None if config.data.streaming or prepared is not None else list(iter_documents(config.data))
         train_docs = None
@@ -214,16 +204,13 @@ class Trainer:
             raise ValueError(f"the prepared folder {config.data.source} holds ids of a vocabulary of "
                              f"{prepared.metadata['tokenizer']['vocab_size']}, the run's tokenizer has "
                              f"{len(self.tokenizer)}; train from the folder the run was started on")
-        self.data = prepare_data(config, self.tokenizer, acc.num_processes, acc.process_index, self.start_step,
-                                 documents, prepared=prepared, start_sequences=start_sequences,
-                                 order_cache=self.folder.data_order, pin_memory=acc.device.type == "cuda",
-                                 stream=stream, stream_state=stream_state)
+        self.data = prepare_data(config, self.tokenizer, acc.num_processes, acc.process_index, 0, documents,
+                                 prepared=prepared, order_cache=self.folder.data_order,
+                                 pin_memory=acc.device.type == "cuda", stream=stream)
         self._changed_at: list[int] = []
         if self.resume_from is not None:
             changed = self._check_held_out() or changed
             self._changed_at = changed_at_steps(recorded_held_out(self.resume_from)[0])
-            if changed:
-                self._changed_at.append(self.start_step)
         # the shards' hashes, checked while the run trains (a large folder would delay the first step by minutes)
         self._verifying = prepared is not None and not config.data.skip_verify
         self._verifier = (BackgroundCheck(functools.partial(prepared.verify, splits=("train", "validation")))
@@ -235,13 +222,19 @@ class Trainer:
         # counted before accelerate shards the weights; the peak only where one is known (on CUDA)
         self.flops_per_token = flops_per_token(model, config.data.seq_len)
         self.peak_flops = peak_flops(torch.cuda.get_device_name(acc.device)) if acc.device.type == "cuda" else None
-        self.guard = LossGuard(t.spike_factor, t.spike_window, model.config.vocab_size, self.state)
+        self.guard = LossGuard(t.spike_factor, t.spike_window, model.config.vocab_size)
+        self.checkpoint_state = TrainerState(self.counters, {
+            "guard": self.guard, "data": DataPosition(self.data, self.counters, functools.partial(_gathered, acc))})
         if config.model.gradient_checkpointing:
             set_activation_checkpointing(model)
         model.config.use_cache = False
         self.model, self.optimizer = acc.prepare(model, build_optimizer(model, config.optim))
         if self.resume_from is not None:
             acc.load_state(str(self.resume_from / ACCELERATE_STATE))
+            self.checkpoint_state.load_state_dict(read_trainer_state(self.resume_from))
+            if changed:
+                self._changed_at.append(self.counters.step)
+        self.start_step = self.counters.step
         self.folder.begin(plan, self.start_step, self.training_args())
         acc.wait_for_everyone()
         if t.report_to:
@@ -340,7 +333,7 @@ class Trainer:
                 if step % t.eval_every == 0 or step == t.max_steps:
                     self.evaluate(step)
                 # not during a run of bad steps: the last checkpoint before the trouble is the one to go back to
-                if step % t.save_every == 0 and step < t.max_steps and not self.state["bad_steps_in_a_row"]:
+                if step % t.save_every == 0 and step < t.max_steps and not self.counters.bad_steps_in_a_row:
                     self.save_checkpoint(step)
         finally:
             self._bar.close()
@@ -363,20 +356,20 @@ class Trainer:
         updated = math.isfinite(loss) and math.isfinite(grad_norm)
         if updated:
             self.optimizer.step()
-            self.state["bad_steps_in_a_row"] = 0
+            self.counters.bad_steps_in_a_row = 0
             self._window.append(loss)
         else:
-            self.state["bad_steps_in_a_row"] += 1
-            self.state["skipped_steps"] += 1
+            self.counters.bad_steps_in_a_row += 1
+            self.counters.skipped_steps += 1
             warnings.warn(f"step {step}: non-finite loss ({loss}) or gradient norm ({grad_norm}); "
                           "skipping the update", RuntimeWarning, stacklevel=1)
-            if self.state["bad_steps_in_a_row"] >= t.max_bad_steps:
+            if self.counters.bad_steps_in_a_row >= t.max_bad_steps:
                 raise TrainingDiverged(
-                    f"{self.state['bad_steps_in_a_row']} non-finite steps in a row (train.max_bad_steps="
+                    f"{self.counters.bad_steps_in_a_row} non-finite steps in a row (train.max_bad_steps="
                     f"{t.max_bad_steps}), the last at step {step}; stopped. {self._last_good_advice()}")
         self.optimizer.zero_grad(set_to_none=True)
-        self.state["step"] = step
-        self.state["tokens"] += self.tokens_per_step
+        self.counters.step = step
+        self.counters.tokens += self.tokens_per_step
         self._window_steps += 1
         return StepResult(loss, grad_norm, lr, updated)
 
@@ -410,7 +403,7 @@ class Trainer:
         window = self._window
         tokens_per_second = self.tokens_per_step * max(1, len(window)) / max(elapsed, 1e-9)
         record = {"step": step, "loss": sum(window) / len(window) if window else float("nan"), "lr": result.lr,
-                  "grad_norm": result.grad_norm, "tokens": self.state["tokens"],
+                  "grad_norm": result.grad_norm, "tokens": self.counters.tokens,
                   "tokens_per_second": tokens_per_second,
                   "flops_per_second": self.flops_per_token * tokens_per_second,
                   "data_wait_seconds": self._data_wait / max(1, self._window_steps)}
@@ -461,7 +454,7 @@ class Trainer:
         acc.end_training()
         vals = [r["val_loss"] for r in read_jsonl(self.folder.metrics) if "val_loss" in r]
         return TrainResult(self.run_dir, final, step, vals[0] if vals else None, vals[-1] if vals else None,
-                           self.state["skipped_steps"])
+                           self.counters.skipped_steps)
 
     def _last_good_advice(self) -> str:
         last = self.folder.latest_good_checkpoint()
@@ -521,14 +514,6 @@ class Trainer:
             record["changed_at_steps"] = self._changed_at
         return record
 
-    def _data_position(self, step: int) -> dict[str, Any]:
-        """The data position a checkpoint of ``step`` records, taken now (for a stream, every process's place in
-        it, gathered: a collective). Taken only when a checkpoint is written."""
-        position = self.data.position(step)
-        if "processes" in position:
-            position["processes"] = _gathered(self.accelerator, position["processes"])
-        return position
-
     def _save_model(self, folder: Path) -> None:
         acc = self.accelerator
         state_dict = acc.get_state_dict(self.model)  # gathers FSDP shards; every process must call it
@@ -542,7 +527,8 @@ class Trainer:
 
     def save_checkpoint(self, step: int) -> Path:
         """Checkpoint ``step``: the accelerate state (weights, optimizer, RNG), the model and tokenizer, and the
-        trainer state with the guard's verdict, published by the run folder (:meth:`RunFolder.publish`)."""
+        trainer state's parts (:mod:`rotarium.training.state`) with the guard's verdict, published by the run folder
+        (:meth:`RunFolder.publish`)."""
         return self._write_folder(self.folder.checkpoint(step), step=step)
 
     def save_final(self) -> Path:
@@ -555,13 +541,15 @@ class Trainer:
         try:
             if step is not None:
                 acc.save_state(str(staged / ACCELERATE_STATE))
-                self.state["data"] = self._data_position(step)
             self._save_model(staged)
             acc.wait_for_everyone()
-            # on every process, so that their guards agree; before the state is saved, as it resets the counters
-            verdict = self.guard.checkpoint_verdict() if step is not None else {}
-            self.folder.publish(staged, target, step=step, state={**self.state, **verdict},
-                                keep=self.config.train.keep_checkpoints)
+            state = None
+            if step is not None:
+                # on every process (the data position is gathered, and the guards must agree); the verdict before
+                # the state is taken, as it resets the guard's counters
+                verdict = self.guard.checkpoint_verdict()
+                state = {**self.checkpoint_state.state_dict(), **verdict}
+            self.folder.publish(staged, target, step=step, state=state, keep=self.config.train.keep_checkpoints)
         except (OSError, RuntimeError) as error:
             if not _disk_full(error):
                 raise

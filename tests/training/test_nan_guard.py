@@ -69,8 +69,7 @@ def test_a_slow_blow_up_warns_and_resume_goes_back_to_the_last_good_checkpoint(c
 
 
 def test_the_guard_flags_non_finite_losses_and_spikes_over_the_lowest_running_median():
-    state = {}
-    guard = LossGuard(spike_factor=3.0, window=3, vocab_size=1000, state=state)
+    guard = LossGuard(spike_factor=3.0, window=3, vocab_size=1000)
     assert guard.threshold == pytest.approx(3 * math.log(1000))  # before a window is full: a uniform guess
     for step, loss in enumerate([6.0, 5.0, 4.0, 3.0, 2.0], start=1):
         assert guard.observe(step, loss) is None
@@ -81,13 +80,14 @@ def test_the_guard_flags_non_finite_losses_and_spikes_over_the_lowest_running_me
     assert "non-finite" in guard.observe(8, math.inf)
     verdict = guard.checkpoint_verdict()
     assert verdict["good"] is False and "2 bad step(s), the first at step 7" in verdict["why_not_good"]
-    assert LossGuard(0.0, 3, 1000, {}).observe(1, 1e9) is None  # spike_factor 0: only non-finite losses count
+    assert LossGuard(0.0, 3, 1000).observe(1, 1e9) is None  # spike_factor 0: only non-finite losses count
+    state = guard.state_dict()
     assert json.loads(json.dumps(state)) == state  # saved with the trainer state
 
 
 def test_a_checkpoint_after_a_recovered_spike_is_good_again():
     """The verdict covers the steps since the previous checkpoint: one transient spike spoils one checkpoint."""
-    guard = LossGuard(spike_factor=3.0, window=3, vocab_size=1000, state={})
+    guard = LossGuard(spike_factor=3.0, window=3, vocab_size=1000)
     for step, loss in enumerate([4.0, 3.0, 2.0, 2.0], start=1):
         guard.observe(step, loss)
     assert "spike" in guard.observe(5, 50.0)
