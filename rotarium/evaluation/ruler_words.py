@@ -1,7 +1,9 @@
-"""rotarium's own word list for the RULER tasks (:mod:`rotarium.evaluation.ruler`): needle keys are adjective-noun
-pairs, as RULER draws them from ``wonderwords``' lists, and common-words extraction draws from both lists.
+"""rotarium's own word list for the RULER tasks (:mod:`rotarium.evaluation.ruler`), the fallback where the
+``wonderwords`` package (RULER's lists, and the default) is not installed: needle keys are adjective-noun pairs, as
+RULER draws them, and common-words extraction draws from both lists.
 
-Kept in the source, not read from a corpus or a package, so that a seed gives the same samples on every machine.
+Kept in the source, not read from a corpus or a package, so that ``--ruler-words rotarium`` gives the same samples
+on every machine whatever is installed.
 """
 from __future__ import annotations
 
