@@ -564,7 +564,8 @@ def _qa(format: str):
         qa = texts.qa_set(format)
         item = qa.items[index]
         head, tail, prefix = _split("qa")
-        others = [i for i in range(len(qa.documents)) if i not in set(item.gold) | set(item.related)]
+        asked = set(item.gold) | set(item.related)
+        others = [i for i in range(len(qa.documents)) if i not in asked]
         order = list(item.gold) + rng.sample(item.related, len(item.related)) + rng.sample(others, len(others))
         shuffle_seed = rng.getrandbits(64)
 
@@ -692,7 +693,7 @@ def make_sample(task: str, tokenizer: PreTrainedTokenizerBase, length: int, *, i
     if tokens(plan.min_size) > target:
         raise _too_short(task, length, tokens(plan.min_size) + len(special), spec.max_new_tokens)
     # the largest size that fits is one less than the smallest that does not
-    size = _smallest_size(tokens, target + 1, plan.min_size, size_hint) - 1
+    size = _smallest_size(tokens, target + 1, plan.min_size, None if size_hint is None else size_hint + 1) - 1
     draft = plan.build(size)
     ids = tokenizer(draft.text, add_special_tokens=False)["input_ids"]
     if plan.check is not None and (reason := plan.check(draft.text)):
