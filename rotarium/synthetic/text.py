@@ -69,6 +69,9 @@ RULER_FORWARDS = 3
 MARGIN = 0.01  # relative: "lower perplexity" (or answer NLL) means lower by at least 1%
 PERPLEXITY = Scale("perplexity", lower_is_better=True, margin=MARGIN, relative=True)
 ANSWER_NLL = Scale("answer NLL", lower_is_better=True, margin=MARGIN, relative=True)
+# RULER's keys from one fixed list, whatever is installed: ruler.csv does not name the list, and a resumed sweep
+# adds rows to the ones an earlier process wrote
+RULER_WORDS = "rotarium"
 
 
 def variant(position: str, rope_scaling: str = "") -> str:
@@ -106,7 +109,7 @@ def fitting_ruler(scoring: Scoring, tokenizer: Path, train_length: int, log: Cal
 
     if not scoring.ruler_tasks:
         return scoring
-    loaded, words = load_tokenizer(str(tokenizer)), load_words()
+    loaded, words = load_tokenizer(str(tokenizer)), load_words(RULER_WORDS)
     fits = []
     for task in scoring.ruler_tasks:
         short = []
@@ -217,7 +220,7 @@ def train_and_score(overrides: dict[str, Any], unit: Unit, tokenizer: str, run_d
     shared = {"family": unit.family, "position": unit.position, "seed": unit.seed, "train_length": L,
               "vocab_size": model.config.vocab_size, "settings": settings_key(config)}
     perplexity, ruler = [], []
-    words = load_words() if scoring.ruler_fits else None
+    words = load_words(RULER_WORDS) if scoring.ruler_fits else None
     with torch.no_grad():
         for scaling in scoring.scalings(unit.position):
             for multiple in scoring.multiples:
