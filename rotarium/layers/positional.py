@@ -121,7 +121,7 @@ def check_rope_parameters(parameters: Any) -> None:
                          f"length the scaling extends; leave it out for `max_position_embeddings`), got {length!r}")
 
 
-def _option(default: Any, doc: str) -> Any:
+def config_field(default: Any, doc: str) -> Any:
     return field(default=default, metadata={"doc": doc})
 
 
@@ -134,55 +134,55 @@ class PositionalSettings:
     when it is made, so a layer never receives one that cannot work.
     """
 
-    position_encoding: str = _option(
+    position_encoding: str = config_field(
         "nope", 'The positional layer: `"nope"`, `"rope"`, `"rove"` (RoPE on queries and keys, and Rotary Value '
         'Embeddings on the values) or `"selective_rope"` (input-dependent rotations).')
-    rope_theta: float = _option(10000.0, "Base of the RoPE and RoVE frequencies `base^(-2i/D)`.")
-    partial_rotary_factor: float = _option(
+    rope_theta: float = config_field(10000.0, "Base of the RoPE and RoVE frequencies `base^(-2i/D)`.")
+    partial_rotary_factor: float = config_field(
         1.0, "Fraction of each query and key head's features that RoPE and RoVE rotate, in (0, 1].")
     # transformers' RoPE scaling (`rope_type` and its keys); its original length defaults to max_position_embeddings
-    rope_parameters: dict | None = _option(  # noqa: RUF009 (the default is None; the call attaches the doc)
+    rope_parameters: dict | None = config_field(  # noqa: RUF009 (the default is None; the call attaches the doc)
         None, 'transformers\' RoPE scaling of RoPE and RoVE: `rope_type` (`"default"`, `"linear"`, `"dynamic"`, '
         '`"yarn"`, `"llama3"` or `"longrope"`) and that type\'s keys (`factor`, ...), e.g. `{"rope_type": "yarn", '
         '"factor": 4.0}`, computed by transformers\' own functions; the deprecated `rope_scaling` reads into it. '
         "Settable at load time without retraining (`from_pretrained(path, rope_parameters=...)`). YaRN's attention "
         "factor applies to softmax mixers' logits only. Not for Selective RoPE (docs/design.md §3.5).")
-    max_position_embeddings: int = _option(
+    max_position_embeddings: int = config_field(
         2048, "The context length the model is trained at. No positional option limits the length; the evaluation "
         "of length extrapolation reads it as the training length, and a RoPE scaling as its original length unless "
         "`rope_parameters` names `original_max_position_embeddings`.")
     # Selective RoPE (Movahedi et al., "Selective Rotary Position Embedding", ICLR 2026; docs/design.md §3.4)
-    selective_rope_rank: int | None = _option(
+    selective_rope_rank: int | None = config_field(
         32, "Rank of Selective RoPE's angle projection `W_2 W_1`. `None`: a full-rank projection per head, with "
         "weight normalisation.")
-    selective_rope_gain_per_head: bool = _option(
+    selective_rope_gain_per_head: bool = config_field(
         False, "With `selective_rope_rank=None`: one gain per head for the weight-normalised map (the reference "
         "code's full-rank parametrisation) instead of one per head and output pair.")
-    selective_rope_conv_size: int = _option(
+    selective_rope_conv_size: int = config_field(
         4, "Kernel size of the causal depthwise convolution over the projected angles.")
-    selective_rope_activation: str | None = _option(
+    selective_rope_activation: str | None = config_field(
         "silu", 'Activation after that convolution: `"silu"` or `None`.')
-    selective_rope_bias: bool = _option(
+    selective_rope_bias: bool = config_field(
         False, "Whether the angular velocities get a learned offset, `omega + exp(b)`.")
-    selective_rope_phase_gate: bool = _option(
+    selective_rope_phase_gate: bool = config_field(
         False, "Whether the angular velocities are gated per head, `omega * sigmoid(W_p xh + c)`, where `xh` is the "
         "input split into one chunk per head, each L2-normalised.")
-    selective_rope_temperature_base: float = _option(
+    selective_rope_temperature_base: float = config_field(
         500000.0, 'Base of the `"rope"` temperature spectrum `tau_i = tau_max * base^(-2i/K)`.')
-    selective_rope_tau_max: float = _option(1.0, "The largest temperature, `tau_max`.")
-    selective_rope_spectrum: str = _option(
+    selective_rope_tau_max: float = config_field(1.0, "The largest temperature, `tau_max`.")
+    selective_rope_spectrum: str = config_field(
         "rope", 'The temperatures: `"rope"` (geometric, as RoPE\'s frequencies) or `"rfa"` (the reference code\'s '
         "random-feature profile `tau_max * tan(a_i / 2) / max_i tan(a_i / 2)`, `a_i` evenly spaced from 0 to "
         "`selective_rope_rfa_theta * pi` over the key pairs).")
-    selective_rope_rfa_theta: float = _option(
+    selective_rope_rfa_theta: float = config_field(
         0.9999, 'Where the `"rfa"` profile ends, as a fraction of pi, in (0, 1).')
-    selective_rope_learn_temperature: bool = _option(
+    selective_rope_learn_temperature: bool = config_field(
         False, "Whether the temperatures are trained rather than frozen.")
-    selective_rope_skip_conv: bool = _option(
+    selective_rope_skip_conv: bool = config_field(
         False, "Whether a fixed first difference replaces the learned convolution (the reference code's "
         "`skip_conv`): the angle is then the projection `phi_t` itself instead of a running sum of learned "
         "velocities.")
-    selective_rope_decay: bool | None = _option(
+    selective_rope_decay: bool | None = config_field(
         None, "Whether Selective RoPE adds a per-head decay `logsigmoid(w^T x + b)`. `None`: exactly for the mixers "
         "without a decay of their own (Transformer, plain DeltaNet); `True` is refused for the others.")
 

@@ -14,7 +14,7 @@ import inspect
 import json
 import textwrap
 from collections.abc import Collection, Iterable, Mapping
-from dataclasses import fields
+from dataclasses import dataclass, fields
 from functools import cache
 from typing import Any, ClassVar
 
@@ -23,7 +23,13 @@ from transformers import PretrainedConfig
 
 from rotarium.layers import PositionalSettings, build_mixer
 from rotarium.layers.mlp import default_intermediate_size
-from rotarium.layers.positional import ROPE_FREQUENCY_ENCODINGS, ROPE_PARAMETERS_FIELDS, rope_fields_in, rope_type_of
+from rotarium.layers.positional import (
+    ROPE_FREQUENCY_ENCODINGS,
+    ROPE_PARAMETERS_FIELDS,
+    config_field,
+    rope_fields_in,
+    rope_type_of,
+)
 from rotarium.utils.deprecation import renamed_method, warn_renamed
 
 # What every preset shares: untied embeddings, the Llama-2 / Mistral vocabulary, 24 layers.
@@ -40,15 +46,19 @@ def transformers_config_keys() -> frozenset[str]:
     return frozenset(PretrainedConfig().to_dict())
 
 
-# Where RotariumConfig's docstring lists the positional fields, filled from their declaration below the class
+# Where RotariumConfig's docstring lists the positional fields, and a family's its own, filled from their
+# declarations (PositionalSettings, the family's `family_fields`)
 POSITIONAL_DOCS_PLACEHOLDER = "        {positional fields}\n"
+FAMILY_DOCS_PLACEHOLDER = "        {family fields}\n"
 
 
 class RotariumConfig(PretrainedConfig):
     r"""The fields every family shares: the model's sizes, its special tokens and the positional layer's options.
 
-    A family's class adds its mixer's options and sets ``model_type``, ``family``, ``description``,
-    ``default_num_heads``, ``mixer_fields`` (its fields that go to the mixer) and ``presets``; its record in
+    A family's class sets ``model_type``, ``family``, ``description``, ``default_num_heads``, ``presets`` and
+    ``family_fields``, a frozen dataclass that declares its own fields once (as :class:`PositionalSettings` does the
+    positional ones): its ``__init__``, signature, documented arguments and ``mixer_fields`` (those of its fields
+    that go to the mixer) are derived from it when the class is defined; its record in
     ``rotarium.models.modeling.FAMILY_MODELS`` registers it. Every field is validated at construction, with a
     ``ValueError`` that names it.
 
@@ -88,7 +98,8 @@ class RotariumConfig(PretrainedConfig):
     family: ClassVar[str]
     description: ClassVar[str]  # the family in words, as a model card names it
     default_num_heads: ClassVar[int]
-    mixer_fields: ClassVar[tuple[str, ...]]
+    family_fields: ClassVar[type]
+    mixer_fields: ClassVar[tuple[str, ...]]  # derived from family_fields
     presets: ClassVar[dict[str, dict[str, Any]]]
     keys_to_ignore_at_inference: ClassVar[list[str]] = ["past_key_values", "cache"]
     # transformers' utilities and tests read the head count under its usual name
@@ -114,6 +125,9 @@ class RotariumConfig(PretrainedConfig):
             raise TypeError("RotariumConfig is the families' common base; build a family's config ("
                             f"{', '.join(config.__name__ for config in CONFIGS.values())}) or "
                             "RotariumConfig.from_preset(name)")
+        defaults = {f.name: f.default for f in fields(self.family_fields)}
+        for name in self.mixer_fields:
+            setattr(self, name, kwargs.pop(name, defaults[name]))
         self.vocab_size = vocab_size
         self.hidden_size = hidden_size
         self.num_hidden_layers = num_hidden_layers
@@ -149,6 +163,13 @@ class RotariumConfig(PretrainedConfig):
                 and rope_type_of(self.rope_parameters) == "default"):
             del self.rope_parameters  # an unscaled `rope_scaling` read in, or one saved before the option changed
         self.validate_fields()
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        # before transformers' own hook, which gives a class without an `__init__` of its own a generated one
+        declaration = vars(cls).get("family_fields")
+        if declaration is not None:
+            _declare_family_fields(cls, declaration)
+        super().__init_subclass__(**kwargs)
 
     def __setattr__(self, key: str, value: Any) -> None:
         super().__setattr__(key, value)
@@ -272,28 +293,86 @@ class RotariumConfig(PretrainedConfig):
             build_mixer(self.family, **self.mixer_kwargs())
 
 
-def _declare_positional_fields(config_class: type[RotariumConfig]) -> None:
-    """Lists the positional layer's fields, as :class:`PositionalSettings` declares them, in ``config_class``'s
-    ``__init__`` signature (keyword-only, with their types and defaults, for ``help()``, ``inspect`` and
-    :meth:`RotariumConfig.field_names`) and in its docstring's arguments, in transformers' format."""
+def _declare_fields(config_class: type[RotariumConfig], declaration: type, placeholder: str,
+                    kind: inspect._ParameterKind, *, bare_numbers: bool) -> None:
+    """Lists the fields of ``declaration`` (a dataclass of :func:`config_field`) in ``config_class``'s ``__init__``
+    signature (of ``kind``, with their types and defaults, for ``help()``, ``inspect`` and
+    :meth:`RotariumConfig.field_names`, before its ``**kwargs``) and in its docstring's arguments, where
+    ``placeholder`` stands, in transformers' format (``bare_numbers``: numbers as transformers' own configs show
+    them, without code quotes)."""
     init = config_class.__init__
     signature = inspect.signature(init)
-    *explicit, var_keyword = signature.parameters.values()
-    declared = [inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, default=f.default, annotation=f.type)
-                for f in fields(PositionalSettings)]
-    init.__signature__ = signature.replace(parameters=[*explicit, *declared, var_keyword])
+    explicit = [p for p in signature.parameters.values() if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+    var_keyword = [p for p in signature.parameters.values() if p.kind == p.VAR_KEYWORD]
+    declared = [inspect.Parameter(f.name, kind, default=f.default, annotation=f.type) for f in fields(declaration)]
+    init.__signature__ = signature.replace(parameters=[*explicit, *declared, *var_keyword])
     entries = []
-    for f in fields(PositionalSettings):
-        kind = f.type.removesuffix(" | None")
-        default = "" if f.default is None else f", defaults to `{json.dumps(f.default)}`" if isinstance(
-            f.default, str) else f", defaults to `{f.default!r}`"
+    for f in fields(declaration):
+        shown = json.dumps(f.default) if isinstance(f.default, str) else repr(f.default)
+        if not (bare_numbers and isinstance(f.default, (int, float)) and not isinstance(f.default, bool)):
+            shown = f"`{shown}`"
+        default = "" if f.default is None else f", defaults to {shown}"
         doc = textwrap.fill(f.metadata["doc"], width=116, initial_indent=" " * 12, subsequent_indent=" " * 12,
                             break_on_hyphens=False)
-        entries.append(f"        {f.name} (`{kind}`, *optional*{default}):\n{doc}\n")
-    config_class.__doc__ = config_class.__doc__.replace(POSITIONAL_DOCS_PLACEHOLDER, "".join(entries))
+        entries.append(f"        {f.name} (`{f.type.removesuffix(' | None')}`, *optional*{default}):\n{doc}\n")
+    config_class.__doc__ = config_class.__doc__.replace(placeholder, "".join(entries))
 
 
-_declare_positional_fields(RotariumConfig)
+def _declare_family_fields(config_class: type[RotariumConfig], declaration: type) -> None:
+    """Gives a family's class its ``__init__``, which takes the fields of ``declaration`` (positionally too, in
+    their order) and passes them to :class:`RotariumConfig`'s, its signature and documented arguments, and its
+    ``mixer_fields``: the declared fields that are not shared ones (a shared one declared by a family changes only
+    its default)."""
+    names = [f.name for f in fields(declaration)]
+    shared = inspect.signature(RotariumConfig.__init__).parameters
+
+    def __init__(self: RotariumConfig, *args: Any, **kwargs: Any) -> None:
+        if len(args) > len(names):
+            raise TypeError(f"{type(self).__name__}() takes at most {len(names)} positional arguments "
+                            f"({', '.join(names)}), got {len(args)}")
+        for name, value in zip(names, args):
+            if name in kwargs:
+                raise TypeError(f"{type(self).__name__}() got multiple values for argument {name!r}")
+            kwargs[name] = value
+        for f in fields(declaration):
+            kwargs.setdefault(f.name, f.default)
+        RotariumConfig.__init__(self, **kwargs)
+
+    __init__.__qualname__ = f"{config_class.__qualname__}.__init__"
+    __init__.__signature__ = inspect.Signature([inspect.Parameter("self", inspect.Parameter.POSITIONAL_OR_KEYWORD),
+                                                inspect.Parameter("kwargs", inspect.Parameter.VAR_KEYWORD)])
+    config_class.__init__ = __init__
+    config_class.mixer_fields = tuple(name for name in names if name not in shared)
+    _declare_fields(config_class, declaration, FAMILY_DOCS_PLACEHOLDER, inspect.Parameter.POSITIONAL_OR_KEYWORD,
+                    bare_numbers=True)
+
+
+_declare_fields(RotariumConfig, PositionalSettings, POSITIONAL_DOCS_PLACEHOLDER, inspect.Parameter.KEYWORD_ONLY,
+                bare_numbers=False)
+
+
+@dataclass(frozen=True)
+class GLAFields:
+    """The fields of :class:`GLAConfig`, declared once: its signature, docstring, attributes and mixer
+    arguments are read from here. A field that :class:`RotariumConfig` has too changes only its default."""
+
+    expand_k: float = config_field(
+        0.5, "Width of the keys (and queries) as a fraction of `hidden_size`, split over the heads.")
+    expand_v: float = config_field(1.0, "Width of the values as a fraction of `hidden_size`, split over the heads.")
+    use_short_conv: bool = config_field(
+        True, "Whether queries, keys and values pass through a causal depthwise convolution.")
+    conv_size: int = config_field(4, "Kernel size of those convolutions.")
+    gate_low_rank_dim: int = config_field(16, "Rank of the projection that computes the decay gate.")
+    gate_logit_normalizer: float = config_field(16.0, "The log decay is `logsigmoid(gate) / gate_logit_normalizer`.")
+    head_dim: int | None = config_field(
+        None, "Size of each key (and query) head. `None`: the heads split `expand_k * hidden_size`. When given, "
+        "`expand_k` is unused, the value heads have `head_dim * expand_v` features and `num_heads` need not "
+        "divide `hidden_size`.")
+    rotary_gate_per_pair: bool = config_field(
+        True, "With a positional option that rotates keys, one decay per rotated pair of key features, so that the "
+        "decay commutes with the rotation (docs/design.md §3.4). `False`: one decay per key feature, as fla's GLA"
+        " and the Selective RoPE reference's GLA, where the decay and the rotation do not commute. Without "
+        "rotated keys both are the same.")
 
 
 class GLAConfig(RotariumConfig):
@@ -302,27 +381,7 @@ class GLAConfig(RotariumConfig):
     fields are those of [`RotariumConfig`].
 
     Args:
-        expand_k (`float`, *optional*, defaults to 0.5):
-            Width of the keys (and queries) as a fraction of `hidden_size`, split over the heads.
-        expand_v (`float`, *optional*, defaults to 1.0):
-            Width of the values as a fraction of `hidden_size`, split over the heads.
-        use_short_conv (`bool`, *optional*, defaults to `True`):
-            Whether queries, keys and values pass through a causal depthwise convolution.
-        conv_size (`int`, *optional*, defaults to 4):
-            Kernel size of those convolutions.
-        gate_low_rank_dim (`int`, *optional*, defaults to 16):
-            Rank of the projection that computes the decay gate.
-        gate_logit_normalizer (`float`, *optional*, defaults to 16.0):
-            The log decay is `logsigmoid(gate) / gate_logit_normalizer`.
-        head_dim (`int`, *optional*):
-            Size of each key (and query) head. `None`: the heads split `expand_k * hidden_size`. When given,
-            `expand_k` is unused, the value heads have `head_dim * expand_v` features and `num_heads` need not
-            divide `hidden_size`.
-        rotary_gate_per_pair (`bool`, *optional*, defaults to `True`):
-            With a positional option that rotates keys, one decay per rotated pair of key features, so that the decay
-            commutes with the rotation (docs/design.md §3.4). `False`: one decay per key feature, as fla's GLA and
-            the Selective RoPE reference's GLA, where the decay and the rotation do not commute. Without rotated
-            keys both are the same.
+        {family fields}
         kwargs:
             The shared fields of [`RotariumConfig`].
     """
@@ -331,25 +390,28 @@ class GLAConfig(RotariumConfig):
     family = "gla"
     description = "GLA (Gated Linear Attention, Yang et al., 2024)"
     default_num_heads = 4
-    mixer_fields = ("expand_k", "expand_v", "use_short_conv", "conv_size", "gate_low_rank_dim",
-                    "gate_logit_normalizer", "head_dim", "rotary_gate_per_pair")
+    family_fields = GLAFields
     presets: ClassVar[dict[str, dict[str, Any]]] = {
         "gla-370m": {"hidden_size": 1024, "num_heads": 4, "expand_k": 0.5, "expand_v": 1.0, "use_short_conv": True},
         "gla-1.3b": {"hidden_size": 2048, "num_heads": 4, "expand_k": 0.5, "expand_v": 1.0, "use_short_conv": True},
     }
 
-    def __init__(self, expand_k: float = 0.5, expand_v: float = 1.0, use_short_conv: bool = True, conv_size: int = 4,
-                 gate_low_rank_dim: int = 16, gate_logit_normalizer: float = 16.0, head_dim: int | None = None,
-                 rotary_gate_per_pair: bool = True, **kwargs):
-        self.head_dim = head_dim
-        self.rotary_gate_per_pair = rotary_gate_per_pair
-        self.expand_k = expand_k
-        self.expand_v = expand_v
-        self.use_short_conv = use_short_conv
-        self.conv_size = conv_size
-        self.gate_low_rank_dim = gate_low_rank_dim
-        self.gate_logit_normalizer = gate_logit_normalizer
-        super().__init__(**kwargs)
+
+@dataclass(frozen=True)
+class FoXFields:
+    """The fields of :class:`FoXConfig`, declared once: its signature, docstring, attributes and mixer
+    arguments are read from here. A field that :class:`RotariumConfig` has too changes only its default."""
+
+    num_kv_heads: int | None = config_field(
+        None, "Key and value heads (grouped-query attention); `None`: as many as `num_heads`.")
+    head_dim: int | None = config_field(None, "Size of each head; `None`: `hidden_size // num_heads`.")
+    qk_norm: bool = config_field(False, "Whether queries and keys pass through an RMSNorm per head.")
+    qk_norm_per_head: bool = config_field(
+        False, "Whether that QK-norm has a weight of its own per head (as fla's Forgetting Transformer and the FoX "
+        "paper's \"Pro\" models) instead of one weight shared by the heads. Requires `qk_norm`.")
+    qk_norm_eps: float | None = config_field(None, "Epsilon of the QK-norm; `None`: `norm_eps`. Requires `qk_norm`.")
+    output_gate: bool = config_field(False, "Whether each head's output is gated by `sigmoid(W x)`.")
+    attention_bias: bool = config_field(False, "Whether the query, key and value projections have a bias.")
 
 
 class FoXConfig(RotariumConfig):
@@ -358,21 +420,7 @@ class FoXConfig(RotariumConfig):
     `num_heads` defaults to 16; the other shared fields are those of [`RotariumConfig`].
 
     Args:
-        num_kv_heads (`int`, *optional*):
-            Key and value heads (grouped-query attention); `None`: as many as `num_heads`.
-        head_dim (`int`, *optional*):
-            Size of each head; `None`: `hidden_size // num_heads`.
-        qk_norm (`bool`, *optional*, defaults to `False`):
-            Whether queries and keys pass through an RMSNorm per head.
-        qk_norm_per_head (`bool`, *optional*, defaults to `False`):
-            Whether that QK-norm has a weight of its own per head (as fla's Forgetting Transformer and the FoX
-            paper's "Pro" models) instead of one weight shared by the heads. Requires `qk_norm`.
-        qk_norm_eps (`float`, *optional*):
-            Epsilon of the QK-norm; `None`: `norm_eps`. Requires `qk_norm`.
-        output_gate (`bool`, *optional*, defaults to `False`):
-            Whether each head's output is gated by `sigmoid(W x)`.
-        attention_bias (`bool`, *optional*, defaults to `False`):
-            Whether the query, key and value projections have a bias.
+        {family fields}
         kwargs:
             The shared fields of [`RotariumConfig`].
     """
@@ -381,24 +429,31 @@ class FoXConfig(RotariumConfig):
     family = "fox"
     description = "FoX (the Forgetting Transformer, Lin et al., ICLR 2025)"
     default_num_heads = 16
-    mixer_fields = ("num_kv_heads", "head_dim", "qk_norm", "qk_norm_per_head", "qk_norm_eps", "output_gate",
-                    "attention_bias")
+    family_fields = FoXFields
     presets: ClassVar[dict[str, dict[str, Any]]] = {
         "fox-370m": {"hidden_size": 1024, "num_heads": 16},
         "fox-1.3b": {"hidden_size": 2048, "num_heads": 32},
     }
 
-    def __init__(self, num_kv_heads: int | None = None, head_dim: int | None = None, qk_norm: bool = False,
-                 qk_norm_per_head: bool = False, qk_norm_eps: float | None = None, output_gate: bool = False,
-                 attention_bias: bool = False, **kwargs):
-        self.num_kv_heads = num_kv_heads
-        self.head_dim = head_dim
-        self.qk_norm = qk_norm
-        self.qk_norm_per_head = qk_norm_per_head
-        self.qk_norm_eps = qk_norm_eps
-        self.output_gate = output_gate
-        self.attention_bias = attention_bias
-        super().__init__(**kwargs)
+
+@dataclass(frozen=True)
+class DeltaNetFields:
+    """The fields of :class:`DeltaNetConfig`, declared once: its signature, docstring, attributes and mixer
+    arguments are read from here. A field that :class:`RotariumConfig` has too changes only its default."""
+
+    expand_k: float = config_field(
+        1.0, "Width of the keys (and queries) as a fraction of `hidden_size`, split over the heads.")
+    expand_v: float = config_field(1.0, "Width of the values as a fraction of `hidden_size`, split over the heads.")
+    use_short_conv: bool = config_field(
+        True, "Whether queries, keys and values pass through a causal depthwise convolution.")
+    conv_size: int = config_field(4, "Kernel size of those convolutions.")
+    use_gated_delta: bool = config_field(
+        False, "Whether the state decays as in Gated DeltaNet, `log a = -exp(A_log) * softplus(W_a x + dt_bias)`.")
+    use_output_gate: bool = config_field(False, "Whether each head's output is gated by `silu(W x)`.")
+    head_dim: int | None = config_field(
+        None, "Size of each key (and query) head. `None`: the heads split `expand_k * hidden_size`. When given, "
+        "`expand_k` is unused, the value heads have `head_dim * expand_v` features and `num_heads` need not "
+        "divide `hidden_size` (Gated DeltaNet's published sizes: 6 heads of 256 at width 1024 or 2048).")
 
 
 class DeltaNetConfig(RotariumConfig):
@@ -407,22 +462,7 @@ class DeltaNetConfig(RotariumConfig):
     `num_heads` defaults to 8; the other shared fields are those of [`RotariumConfig`].
 
     Args:
-        expand_k (`float`, *optional*, defaults to 1.0):
-            Width of the keys (and queries) as a fraction of `hidden_size`, split over the heads.
-        expand_v (`float`, *optional*, defaults to 1.0):
-            Width of the values as a fraction of `hidden_size`, split over the heads.
-        use_short_conv (`bool`, *optional*, defaults to `True`):
-            Whether queries, keys and values pass through a causal depthwise convolution.
-        conv_size (`int`, *optional*, defaults to 4):
-            Kernel size of those convolutions.
-        use_gated_delta (`bool`, *optional*, defaults to `False`):
-            Whether the state decays as in Gated DeltaNet, `log a = -exp(A_log) * softplus(W_a x + dt_bias)`.
-        use_output_gate (`bool`, *optional*, defaults to `False`):
-            Whether each head's output is gated by `silu(W x)`.
-        head_dim (`int`, *optional*):
-            Size of each key (and query) head. `None`: the heads split `expand_k * hidden_size`. When given,
-            `expand_k` is unused, the value heads have `head_dim * expand_v` features and `num_heads` need not
-            divide `hidden_size` (Gated DeltaNet's published sizes: 6 heads of 256 at width 1024 or 2048).
+        {family fields}
         kwargs:
             The shared fields of [`RotariumConfig`].
     """
@@ -431,8 +471,7 @@ class DeltaNetConfig(RotariumConfig):
     family = "deltanet"
     description = "DeltaNet (linear attention with the delta rule, Yang et al., 2024)"
     default_num_heads = 8
-    mixer_fields = ("expand_k", "expand_v", "use_short_conv", "conv_size", "use_gated_delta", "use_output_gate",
-                    "head_dim")
+    family_fields = DeltaNetFields
     presets: ClassVar[dict[str, dict[str, Any]]] = {
         "deltanet-370m": {"hidden_size": 1024, "num_heads": 8, "expand_k": 1.0, "expand_v": 1.0,
                           "use_short_conv": True},
@@ -440,17 +479,23 @@ class DeltaNetConfig(RotariumConfig):
                           "use_short_conv": True},
     }
 
-    def __init__(self, expand_k: float = 1.0, expand_v: float = 1.0, use_short_conv: bool = True, conv_size: int = 4,
-                 use_gated_delta: bool = False, use_output_gate: bool = False, head_dim: int | None = None,
-                 **kwargs):
-        self.head_dim = head_dim
-        self.expand_k = expand_k
-        self.expand_v = expand_v
-        self.use_short_conv = use_short_conv
-        self.conv_size = conv_size
-        self.use_gated_delta = use_gated_delta
-        self.use_output_gate = use_output_gate
-        super().__init__(**kwargs)
+
+@dataclass(frozen=True)
+class TransformerFields:
+    """The fields of :class:`TransformerConfig`, declared once: its signature, docstring, attributes and mixer
+    arguments are read from here. A field that :class:`RotariumConfig` has too changes only its default."""
+
+    num_kv_heads: int | None = config_field(
+        None, "Key and value heads (grouped-query attention); `None`: as many as `num_heads`.")
+    head_dim: int | None = config_field(None, "Size of each head; `None`: `hidden_size // num_heads`.")
+    attention_bias: bool = config_field(False, "Whether the query, key and value projections have a bias.")
+    qk_norm: bool = config_field(
+        False, "Whether queries and keys pass through an RMSNorm per head (one weight shared by the heads, as fla's "
+        "Transformer).")
+    qk_norm_per_head: bool = config_field(
+        False, "Whether that QK-norm has a weight of its own per head. Requires `qk_norm`.")
+    qk_norm_eps: float | None = config_field(None, "Epsilon of the QK-norm; `None`: `norm_eps`. Requires `qk_norm`.")
+    position_encoding: str = config_field("rope", "As in [`RotariumConfig`], with RoPE as the default.")
 
 
 class TransformerConfig(RotariumConfig):
@@ -458,21 +503,7 @@ class TransformerConfig(RotariumConfig):
     `"rope"`; the other shared fields are those of [`RotariumConfig`].
 
     Args:
-        num_kv_heads (`int`, *optional*):
-            Key and value heads (grouped-query attention); `None`: as many as `num_heads`.
-        head_dim (`int`, *optional*):
-            Size of each head; `None`: `hidden_size // num_heads`.
-        attention_bias (`bool`, *optional*, defaults to `False`):
-            Whether the query, key and value projections have a bias.
-        qk_norm (`bool`, *optional*, defaults to `False`):
-            Whether queries and keys pass through an RMSNorm per head (one weight shared by the heads, as fla's
-            Transformer).
-        qk_norm_per_head (`bool`, *optional*, defaults to `False`):
-            Whether that QK-norm has a weight of its own per head. Requires `qk_norm`.
-        qk_norm_eps (`float`, *optional*):
-            Epsilon of the QK-norm; `None`: `norm_eps`. Requires `qk_norm`.
-        position_encoding (`str`, *optional*, defaults to `"rope"`):
-            As in [`RotariumConfig`], with RoPE as the default.
+        {family fields}
         kwargs:
             The shared fields of [`RotariumConfig`].
     """
@@ -481,7 +512,7 @@ class TransformerConfig(RotariumConfig):
     family = "transformer"
     description = "Transformer (Llama-style: RMSNorm, SwiGLU, softmax attention)"
     default_num_heads = 16
-    mixer_fields = ("num_kv_heads", "head_dim", "attention_bias", "qk_norm", "qk_norm_per_head", "qk_norm_eps")
+    family_fields = TransformerFields
     presets: ClassVar[dict[str, dict[str, Any]]] = {
         "transformer-370m": {"hidden_size": 1024, "num_heads": 16, "rope_theta": 10000.0},
         "transformer-1.3b": {"hidden_size": 2048, "num_heads": 32, "rope_theta": 10000.0},
@@ -493,17 +524,6 @@ class TransformerConfig(RotariumConfig):
         "transformer-354m": {"hidden_size": 1024, "num_heads": 16, "num_hidden_layers": 24,
                              "intermediate_size": 2752, **GPT2_SHAPE},
     }
-
-    def __init__(self, num_kv_heads: int | None = None, head_dim: int | None = None, attention_bias: bool = False,
-                 qk_norm: bool = False, qk_norm_per_head: bool = False, qk_norm_eps: float | None = None,
-                 position_encoding: str = "rope", **kwargs):
-        self.num_kv_heads = num_kv_heads
-        self.head_dim = head_dim
-        self.attention_bias = attention_bias
-        self.qk_norm = qk_norm
-        self.qk_norm_per_head = qk_norm_per_head
-        self.qk_norm_eps = qk_norm_eps
-        super().__init__(position_encoding=position_encoding, **kwargs)
 
 
 # The family configs by name, read from the families' registry (`rotarium.models.modeling.FAMILY_MODELS`, which
