@@ -7,6 +7,7 @@ import torch
 from transformers import DynamicCache
 
 from rotarium.models import RotariumCache
+from tests.asserts import assert_close_at_scale
 from tests.models.helpers import COMBINATIONS, VOCAB, tiny_model
 
 
@@ -61,7 +62,7 @@ def test_assisted_and_prompt_lookup_decoding_give_greedy_searchs_tokens(family, 
             assert max(crops) > 0 and (len(crops) < new_tokens or "assistant_model" not in strategy), crops
             # the cache left behind continues the sequence as greedy search's does
             assert out.cache is cache and cache.get_seq_length() == expected.sequences.shape[1] - 1
-            assert (next_logits(model, cache, last) - reference).abs().max() <= 1e-4
+            assert_close_at_scale(next_logits(model, cache, last), reference, 1e-4, what=next(iter(strategy)))
 
 
 @pytest.mark.parametrize("family,pe", COMBINATIONS)
@@ -82,7 +83,7 @@ def test_crop_takes_back_every_state_of_the_dropped_tokens(family, pe):
             cache.crop(-dropped)
             assert cache.get_seq_length() == 11 - dropped
             rest = model(ids[:, 11 - dropped:], attention_mask=mask, cache=cache).logits
-            assert (rest - full[:, 11 - dropped:]).abs().max() <= 1e-4, dropped
+            assert_close_at_scale(rest, full[:, 11 - dropped:], 1e-4, what=f"{dropped} dropped")
 
 
 def test_a_rollback_beyond_the_recorded_tokens_is_refused_by_name():
@@ -126,7 +127,7 @@ def test_transformers_empty_caches_are_filled_with_rotarium_layers(make):
         out = model(ids[:, :6], cache=cache, use_cache=True)
         assert out.cache is cache and all(isinstance(layer, RotariumCacheLayer) for layer in cache.layers)
         rest = model(ids[:, 6:], cache=cache).logits
-    assert (rest - full[:, 6:]).abs().max() <= 1e-4
+    assert_close_at_scale(rest, full[:, 6:], 1e-4)
 
 
 def test_a_key_value_cache_of_another_model_is_refused_by_name():

@@ -8,6 +8,7 @@ from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, Pretrained
 
 import rotarium
 from rotarium.models import CONFIGS, RotariumCache, set_activation_checkpointing
+from tests.asserts import assert_close_at_scale
 from tests.models.helpers import COMBINATIONS, FAMILIES, VOCAB, one_option_each, tiny_config, tiny_model
 
 
@@ -86,7 +87,7 @@ def test_head_dim_and_qk_norm_options_save_and_decode(family, pe, tmp_path):
         logits = [out.logits]
         for t in range(11, 30):
             logits.append(model(ids[:, t:t + 1], past_key_values=cache, use_cache=True).logits)
-    assert (torch.cat(logits, 1) - full).abs().max() <= 1e-4
+    assert_close_at_scale(torch.cat(logits, 1), full, 1e-4, what="decoded logits")
 
 
 def test_per_head_qk_norm_normalises_each_head_with_its_own_weight():
@@ -158,7 +159,7 @@ def test_prefill_then_token_by_token_logits_equal_the_full_forward(family, pe):
         for t in range(11, 30):
             out = model(ids[:, t:t + 1], past_key_values=cache, use_cache=True)
             logits.append(out.logits)
-    assert (torch.cat(logits, 1) - full).abs().max() <= 1e-4
+    assert_close_at_scale(torch.cat(logits, 1), full, 1e-4, what="decoded logits")
 
 
 @pytest.mark.parametrize("family", FAMILIES)
@@ -178,7 +179,7 @@ def test_reference_copying_selective_rope_decodes_like_the_full_forward(family):
         for t in range(7, 20):
             out = model(ids[:, t:t + 1], past_key_values=cache, use_cache=True)
             logits.append(out.logits)
-    assert (torch.cat(logits, 1) - full).abs().max() <= 1e-4
+    assert_close_at_scale(torch.cat(logits, 1), full, 1e-4, what="decoded logits")
 
 
 @pytest.mark.parametrize("family", FAMILIES)
@@ -191,7 +192,7 @@ def test_shifting_position_ids_leaves_logits_unchanged(family, pe):
         a = model(ids, position_ids=positions).logits
         b = model(ids, position_ids=positions + 777).logits
     # float32 angles of position 777 carry ~1e-5 relative error, hence a tolerance relative to the logits' scale
-    assert (a - b).abs().max() <= 1e-4 * a.abs().max()
+    assert_close_at_scale(b, a, 1e-4, what="shifted logits")
 
 
 @pytest.mark.parametrize("family,pe", one_option_each(
@@ -204,7 +205,7 @@ def test_packed_documents_equal_separate_forwards_and_loss_skips_boundaries(fami
     with torch.no_grad():
         logits = model(packed, cu_seqlens=cu).logits
         separate = torch.cat([model(d).logits for d in docs], 1)
-        assert (logits - separate).abs().max() <= 1e-4
+        assert_close_at_scale(logits, separate, 1e-4, what="packed logits")
         loss = model(packed, labels=packed, cu_seqlens=cu).loss
         per_doc = [torch.nn.functional.cross_entropy(model(d).logits[0, :-1], d[0, 1:], reduction="sum") for d in docs]
     assert torch.allclose(loss, sum(per_doc) / (26 - 3), atol=1e-5)
@@ -232,7 +233,7 @@ def test_expanded_and_selected_cache_rows_continue_their_own_sequences(family):
         cache.batch_repeat_interleave(2)  # rows a a b b
         cache.batch_select_indices(torch.tensor([2, 1]))  # rows b a
         logits = [model(ids[[1, 0], t:t + 1], past_key_values=cache, use_cache=True).logits for t in range(8, 12)]
-    assert (torch.cat(logits, 1) - full[:, 8:]).abs().max() <= 1e-4
+    assert_close_at_scale(torch.cat(logits, 1), full[:, 8:], 1e-4, what="decoded logits")
 
 
 @pytest.mark.parametrize("family", ["fox", "transformer"])
@@ -247,7 +248,7 @@ def test_a_copied_prompt_cache_serves_several_continuations(family):
             cache = copy.deepcopy(prompt_cache)
             logits = [model(ending[:, t:t + 1], past_key_values=cache, use_cache=True).logits for t in range(4)]
             full = model(torch.cat([prompt, ending], 1), use_cache=False).logits[:, 9:]
-            assert (torch.cat(logits, 1) - full).abs().max() <= 1e-4
+            assert_close_at_scale(torch.cat(logits, 1), full, 1e-4, what="decoded logits")
 
 
 def test_gradient_checkpointing_gives_the_same_gradients():

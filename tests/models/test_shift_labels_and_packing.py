@@ -7,6 +7,7 @@ from transformers.loss.loss_utils import ForCausalLMLoss
 
 from rotarium.layers import sequence
 from rotarium.layers.sequence import SequenceInfo
+from tests.asserts import assert_close_at_scale
 from tests.models.helpers import COMBINATIONS, VOCAB, one_option_each, tiny_model
 
 
@@ -46,6 +47,11 @@ def test_chunked_loss_takes_shift_labels_like_for_causal_lm_loss():
     assert torch.allclose(model.chunked_loss(hidden, labels, shift_labels=shifted),
                           ForCausalLMLoss(logits, labels, VOCAB, shift_labels=shifted), atol=1e-6)
 
+# Packed and alone, the kernels sum in other orders; the linear mixers' per-head output norm divides by the RMS of a
+# head's output, which can be small at a document's first tokens and then magnifies those rounding differences many
+# times (as in test_models' packed forward, whose bound this is).
+PACKED_TOL = 1e-4
+
 
 def collate(docs, **options):
     batch = DataCollatorWithFlattening(return_tensors="pt", **options)([{"input_ids": d.tolist()} for d in docs])
@@ -64,7 +70,7 @@ def test_data_collator_with_flattening_keeps_documents_apart(family, pe, flash_k
         out = model(**inputs, labels=labels, return_logits=True)
         alone = [model(d[None], use_cache=False).logits for d in docs]
     assert out.cache is None  # packed inputs are not continued from
-    assert (out.logits - torch.cat(alone, 1)).abs().max() <= 1e-5
+    assert_close_at_scale(out.logits, torch.cat(alone, 1), PACKED_TOL, what="packed logits")
     per_doc = [torch.nn.functional.cross_entropy(a[0, :-1], d[1:], reduction="sum") for a, d in zip(alone, docs)]
     assert torch.allclose(out.loss, sum(per_doc) / sum(len(d) - 1 for d in docs), atol=1e-5)
 
@@ -84,7 +90,7 @@ def test_packing_boundaries_follow_transformers_rule_and_loss_ignores_crossings(
         out = model(ids, position_ids=positions, labels=ids, return_logits=True)
         alone = [model(d[None], position_ids=positions[:, s:s + len(d)], use_cache=False).logits
                  for d, s in zip(docs, (0, 5, 12))]
-    assert (out.logits - torch.cat(alone, 1)).abs().max() <= 1e-5
+    assert_close_at_scale(out.logits, torch.cat(alone, 1), PACKED_TOL, what="packed logits")
     per_doc = [torch.nn.functional.cross_entropy(a[0, :-1], d[1:], reduction="sum") for a, d in zip(alone, docs)]
     assert torch.allclose(out.loss, sum(per_doc) / (15 - 3), atol=1e-5)
 

@@ -18,6 +18,7 @@ from transformers.modeling_layers import GradientCheckpointingLayer
 
 from rotarium.layers import MIXERS, SoftmaxAttention
 from rotarium.models import FAMILY_MODELS, set_activation_checkpointing, with_rope_parameters
+from tests.asserts import assert_close_at_scale
 from tests.models.helpers import COMBINATIONS, FAMILIES, VOCAB, one_option_each, tiny_model
 
 # the softmax mixers form attention weights; the others (linear attention) form none
@@ -131,7 +132,7 @@ def test_softmax_families_return_their_attention_weights(family, pe):
     with torch.no_grad():
         reference = model(ids, attention_mask=mask, use_cache=False).logits
         out = model(ids, attention_mask=mask, output_attentions=True, use_cache=True)
-    assert (out.logits - reference).abs().max() <= 1e-5
+    assert_close_at_scale(out.logits, reference, 1e-5, what="logits with attention weights")
     assert len(out.attentions) == model.config.num_hidden_layers
     for weights in out.attentions:
         assert weights.shape == (B, H, T, T)
@@ -218,7 +219,7 @@ def test_inputs_embeds_batching_and_logits_to_keep_give_the_same_outputs(family)
         rows = [model(ids[i:i + 1], attention_mask=mask[i:i + 1], use_cache=False).logits for i in range(3)]
         last = model(ids, attention_mask=mask, logits_to_keep=1, use_cache=False).logits
     assert torch.allclose(embedded.logits, full, atol=1e-6)
-    assert (torch.cat(rows) - full).abs().max() <= 1e-5
+    assert_close_at_scale(torch.cat(rows), full, 1e-5, what="rows one by one")
     assert torch.allclose(last, full[:, -1:], atol=1e-6)
     assert model.get_output_embeddings() is model.lm_head
     assert model.get_input_embeddings() is model.model.embed_tokens
@@ -238,7 +239,8 @@ def test_left_padding_with_transformers_position_ids_gives_the_unpadded_logits(f
         expected = model(ids, use_cache=False).logits[:, -1]
         batch = model(padded, attention_mask=mask, position_ids=positions, use_cache=False).logits[:, -1]
         one = model(padded[:1], attention_mask=mask[:1], position_ids=positions[:1], use_cache=False).logits[:, -1]
-    assert (batch - expected).abs().max() <= 1e-5 and (one - expected[:1]).abs().max() <= 1e-5
+    assert_close_at_scale(batch, expected, 1e-5, what="left-padded batch")
+    assert_close_at_scale(one, expected[:1], 1e-5, what="left-padded row")
 
 
 # -- GenerationTesterMixin's checks ----------------------------------------------------------------------------------
