@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 
 # The seed that splits documents into training and validation when a run does not name one (``train.seed``).
 DEFAULT_SEED = 0
@@ -39,3 +40,20 @@ class DataSection:
         "help": "a prepared folder or a stream: DataLoader worker processes reading (a stream: tokenising) each "
                 "process's batches ahead of the step (0: on the training thread); a source read whole is "
                 "tokenised up front"})
+
+
+@dataclass(frozen=True)
+class LoaderSettings:
+    """What a training loader (:class:`~rotarium.data.loader.TrainLoader`) is built from: the ``data`` section and
+    what it lacks, the sequences of a micro-batch (``batch_size``), the micro-batches of a step (``accum``) and the
+    seed of the order, for process ``rank`` of ``world``; ``pin_memory``: pin a loader's batches (for a CUDA
+    device); ``order_cache``: where a prepared folder's epoch orders are cached
+    (:class:`~rotarium.data.batches.EpochOrder`)."""
+    data: DataSection
+    batch_size: int
+    accum: int = 1
+    seed: int = DEFAULT_SEED
+    world: int = 1
+    rank: int = 0
+    pin_memory: bool = False
+    order_cache: Path | None = None

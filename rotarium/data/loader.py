@@ -1,4 +1,8 @@
-"""Training from a prepared folder (:mod:`rotarium.data.prepared`): its token stream cut into sequences, read through
+"""The training loaders: one interface (:class:`TrainLoader`) for the three ways a run reads its training data, the
+documents packed in memory (:class:`MemoryLoader`), a prepared folder (:class:`PreparedLoader`) and a stream
+(:class:`~rotarium.data.stream.StreamLoader`), each built from one :class:`~rotarium.data.config.LoaderSettings`.
+
+Training from a prepared folder (:mod:`rotarium.data.prepared`): its token stream cut into sequences, read through
 memory maps, and a ``torch.utils.data.DataLoader`` whose worker processes read each rank's micro-batches ahead of the
 step.
 
@@ -18,13 +22,70 @@ from __future__ import annotations
 import itertools
 import threading
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 import torch
 
 from rotarium.data.batches import BatchSchedule, PackedSequences, collate
-from rotarium.data.prepared import PreparedSplit
+from rotarium.data.config import LoaderSettings
+from rotarium.data.heldout import held_out_record, prepared_record
+from rotarium.data.prepared import PreparedCorpus, PreparedSplit
+
+# what a schedule's position records for a source that is not a prepared folder
+NO_PREPARED = {"prepared": None, "tokenizer": None}
+
+
+class TrainLoader(Protocol):
+    """This process's training micro-batches. :meth:`batch` is asked for ``(step, micro)`` in the loop's order from
+    the step the loader starts at (0, or the one :meth:`restore` set); :meth:`position` is what a checkpoint of a
+    step records (a stream's per-process entries under ``processes``, which the trainer gathers), :meth:`restore`
+    goes on from every process's recorded position (empty: from the step alone), before the first batch;
+    :meth:`describe` is the run record's description of the data (:mod:`rotarium.data.heldout`). ``schedule``: the
+    :class:`~rotarium.data.batches.BatchSchedule` the batches come from, None for a stream."""
+    schedule: BatchSchedule | None
+
+    def batch(self, step: int, micro: int) -> dict[str, torch.Tensor]: ...
+
+    def position(self, step: int) -> dict[str, Any]: ...
+
+    def restore(self, step: int, position: dict[str, Any]) -> None: ...
+
+    def describe(self) -> dict[str, Any]: ...
+
+    def close(self) -> None: ...
+
+
+def recorded_sequences(position: dict[str, Any]) -> int | None:
+    """The sequences consumed that a schedule's recorded ``position`` holds (None when it holds none)."""
+    sequences = position.get("sequences")
+    return sequences if isinstance(sequences, int) else None
+
+
+class MemoryLoader:
+    """Documents tokenised and packed in memory (``sequences``), batched by a
+    :class:`~rotarium.data.batches.BatchSchedule` on the training thread; ``held_out``: the documents the run holds
+    out, which :meth:`describe` records."""
+
+    def __init__(self, sequences: PackedSequences, settings: LoaderSettings, held_out: list[str]):
+        self.settings, self.held_out = settings, held_out
+        self.schedule = BatchSchedule(sequences, settings.batch_size, settings.accum, settings.world,
+                                      settings.rank, settings.seed)
+
+    def batch(self, step: int, micro: int) -> dict[str, torch.Tensor]:
+        return self.schedule.batch(step, micro)
+
+    def position(self, step: int) -> dict[str, Any]:
+        return {**self.schedule.position(step), **NO_PREPARED}
+
+    def restore(self, step: int, position: dict[str, Any]) -> None:
+        self.schedule.restore(step, recorded_sequences(position))
+
+    def describe(self) -> dict[str, Any]:
+        return held_out_record(self.settings.data, self.held_out)
+
+    def close(self) -> None:
+        """Nothing to stop: the batches are cut on the training thread."""
 
 
 class PreparedSequences:
@@ -130,14 +191,10 @@ class BatchLoader:
         self._iterator: Iterator | None = None
         self.order = MicroBatchOrder(start_step, schedule.accum)
 
-    def restore(self, step: int, sequences: int | None = None) -> None:
-        """Starts at step ``step`` instead, with ``sequences`` consumed before it
-        (:meth:`~rotarium.data.batches.BatchSchedule.restore`); before the first batch only."""
-        if self._iterator is not None:
-            raise RuntimeError("the loader has started; restore it before its first batch")
-        self.schedule.restore(step, sequences)
-        self.start_step = self._loader.sampler.start_step = step
-        self.order = MicroBatchOrder(step, self.schedule.accum)
+    @property
+    def started(self) -> bool:
+        """Whether a batch was asked for (the workers may be reading ahead)."""
+        return self._iterator is not None
 
     def batch(self, step: int, micro: int) -> dict[str, torch.Tensor]:
         """Micro-batch ``micro`` of step ``step``, which must be the one after the last one asked for (the first:
@@ -157,6 +214,41 @@ class BatchLoader:
         self.order.close()
         if iterator is not None and hasattr(iterator, "_shutdown_workers"):
             iterator._shutdown_workers()
+
+
+class PreparedLoader:
+    """A prepared folder's training split (``corpus``), its sequences scheduled by a
+    :class:`~rotarium.data.batches.BatchSchedule` and read ahead by a :class:`BatchLoader` with
+    ``settings.data.num_workers`` workers. Its position carries the folder's identity (fingerprint and tokenizer
+    SHA-256), which a resume compares; :meth:`describe` is the folder's validation split."""
+
+    def __init__(self, corpus: PreparedCorpus, settings: LoaderSettings):
+        self.corpus, self.settings = corpus, settings
+        sequences = PreparedSequences(corpus.train, settings.data.seq_len)
+        self.schedule = BatchSchedule(sequences, settings.batch_size, settings.accum, settings.world, settings.rank,
+                                      settings.seed, order_cache=settings.order_cache)
+        self.reader = self._reader(0)
+
+    def _reader(self, step: int) -> BatchLoader:
+        return BatchLoader(self.schedule, step, self.settings.data.num_workers, pin_memory=self.settings.pin_memory)
+
+    def batch(self, step: int, micro: int) -> dict[str, torch.Tensor]:
+        return self.reader.batch(step, micro)
+
+    def position(self, step: int) -> dict[str, Any]:
+        return {**self.schedule.position(step), **self.corpus.identity}
+
+    def restore(self, step: int, position: dict[str, Any]) -> None:
+        if self.reader.started:
+            raise RuntimeError("the loader has started; restore it before its first batch")
+        self.schedule.restore(step, recorded_sequences(position))
+        self.reader = self._reader(step)
+
+    def describe(self) -> dict[str, Any]:
+        return prepared_record(self.corpus)
+
+    def close(self) -> None:
+        self.reader.close()
 
 
 class BackgroundCheck:

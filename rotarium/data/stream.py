@@ -39,7 +39,9 @@ import numpy as np
 import torch
 
 from rotarium.data.batches import Packer, collate, tokenize
+from rotarium.data.config import LoaderSettings
 from rotarium.data.documents import StreamShards
+from rotarium.data.heldout import held_out_record
 from rotarium.data.loader import MicroBatchOrder, as_is
 from rotarium.data.prepared import one_thread_per_process
 
@@ -161,36 +163,40 @@ class _Chunks(torch.utils.data.IterableDataset):
 
 
 class StreamLoader:
-    """This process's micro-batches of a stream from ``start_step`` on (see the module docstring), in the loop's
-    order (:meth:`batch`), read by ``num_workers`` DataLoader workers (0: on this thread). ``state``: where an
-    earlier loader stopped (its :meth:`state`), else the stream's start."""
+    """This process's micro-batches of a stream (see the module docstring), in the loop's order (:meth:`batch`),
+    read by ``data.num_workers`` DataLoader workers (0: on this thread), a :class:`~rotarium.data.loader.TrainLoader`
+    built from ``settings``. ``layout``: what its positions are positions in (:func:`stream_layout`);
+    ``held_out``: the documents held out at the stream's head, which :meth:`describe` records. From ``start_step``
+    and ``state`` (where an earlier loader of this process stopped, its :meth:`state`), else the stream's start."""
+    schedule = None  # the batches come from the stream, not from a schedule
 
-    def __init__(self, source: StreamShards, plan: StreamPlan, tokenizer: PreTrainedTokenizerBase, seq_len: int,
-                 batch_size: int, accum: int, seed: int, shuffle: int, start_step: int, num_workers: int, *,
-                 state: dict[str, Any] | None = None, prefetch: int = 2):
-        self.source, self.plan, self.seq_len, self.batch_size = source, plan, seq_len, batch_size
-        self.tokenizer, self.accum, self.seed, self.shuffle = tokenizer, accum, seed, max(1, shuffle)
-        self.num_workers, self.prefetch = num_workers, prefetch
+    def __init__(self, source: StreamShards, plan: StreamPlan, tokenizer: PreTrainedTokenizerBase,
+                 settings: LoaderSettings, *, layout: dict[str, Any] | None = None,
+                 held_out: list[str] | None = None, start_step: int = 0, state: dict[str, Any] | None = None,
+                 prefetch: int = 2):
+        self.source, self.plan, self.tokenizer, self.settings = source, plan, tokenizer, settings
+        self.seq_len, self.batch_size = settings.data.seq_len, settings.batch_size
+        self.layout, self.held_out, self.prefetch = layout, held_out or [], prefetch
         self._iterator: Iterator | None = None
-        self.restore(start_step, state)
+        self._start(start_step, state)
 
-    def restore(self, step: int, state: dict[str, Any] | None = None) -> None:
-        """Starts at step ``step`` from ``state`` (an earlier loader's :meth:`state`; None: the stream's start);
-        before the first batch only."""
+    def _start(self, step: int, state: dict[str, Any] | None) -> None:
+        """From ``state``: ``cursor``, the stream position after the last document packed, and the packer."""
         if self._iterator is not None:
             raise RuntimeError("the loader has started; restore it before its first batch")
         state = state or {}
-        self.position: Position = tuple(state.get("position", (0, 0, 0)))
+        workers = self.settings.data.num_workers
+        self.cursor: Position = tuple(state.get("position", (0, 0, 0)))
         self.packer = Packer(self.seq_len, self.tokenizer.eos_token_id, state.get("tokens", ()),
                              state.get("starts", ()))
-        self.order = MicroBatchOrder(step, self.accum)
+        self.order = MicroBatchOrder(step, self.settings.accum)
         self._loader = torch.utils.data.DataLoader(
-            _Chunks(self.source, self.plan, self.seed, self.shuffle, self.position, self.tokenizer), batch_size=None,
-            num_workers=self.num_workers, collate_fn=as_is,
-            prefetch_factor=self.prefetch if self.num_workers else None)
+            _Chunks(self.source, self.plan, self.settings.seed, max(1, self.settings.data.shuffle_buffer),
+                    self.cursor, self.tokenizer), batch_size=None, num_workers=workers, collate_fn=as_is,
+            prefetch_factor=self.prefetch if workers else None)
         self._documents: deque[tuple[list[int], Position]] = deque()
         self._chunk = 0
-        self._epoch_tokens = (self.position[0], 0, self.position[1:] == (0, 0))  # epoch, tokens, read from its start
+        self._epoch_tokens = (self.cursor[0], 0, self.cursor[1:] == (0, 0))  # epoch, tokens, read from its start
 
     def _document(self) -> tuple[list[int], Position]:
         while not self._documents:
@@ -228,14 +234,29 @@ class StreamLoader:
                 ids, position = self._document()
                 self._count(ids, position)
                 self.packer.add(ids)
-                self.position = position
+                self.cursor = position
             rows.append(self.packer.take())
         return collate(torch.tensor([tokens for tokens, _ in rows], dtype=torch.long), [inside for _, inside in rows])
+
+    def position(self, step: int) -> dict[str, Any]:
+        """``{"stream": layout, "processes": [this process's state()]}`` (the trainer gathers every process's)."""
+        return {"stream": self.layout, "processes": [self.state()]}
+
+    def restore(self, step: int, position: dict[str, Any]) -> None:
+        """Goes on at ``step`` from this process's entry of ``position`` under the layout its positions belong to
+        (a resume refused another one unless ``--allow-config-change data``, which reads the stream again from its
+        start, as does a position without one); before the first batch only."""
+        processes = position.get("processes")
+        same = position.get("stream") == self.layout and isinstance(processes, list)
+        self._start(step, processes[self.settings.rank] if same else None)
+
+    def describe(self) -> dict[str, Any]:
+        return held_out_record(self.settings.data, self.held_out, stream=self.source)
 
     def state(self) -> dict[str, Any]:
         """Where this process stands: ``position`` (``[epoch, shard, row]`` after the last document packed) and the
         packer's ``tokens`` and ``starts`` (:meth:`~rotarium.data.batches.Packer.state`)."""
-        return {"position": list(self.position), **self.packer.state()}
+        return {"position": list(self.cursor), **self.packer.state()}
 
     def close(self) -> None:
         """Stops the worker processes; the loader gives no batch after it."""

@@ -11,9 +11,9 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from rotarium.data.batches import BatchSchedule, PackedSequences, pack_all, validation_batches
-from rotarium.data.config import DataSection
+from rotarium.data.config import DataSection, LoaderSettings
 from rotarium.data.documents import StreamShards, iter_documents, split_documents
-from rotarium.data.loader import BatchLoader, PreparedSequences
+from rotarium.data.loader import MemoryLoader, PreparedLoader, PreparedSequences, TrainLoader
 from rotarium.data.prepared import PreparedCorpus, is_prepared, tokenizer_fingerprint
 from rotarium.data.stream import StreamLoader, plan_stream, stream_layout
 from rotarium.data.tokenizer import load_tokenizer, train_bpe
@@ -147,63 +147,48 @@ def prepare_tokenizer(config: Config, run_dir: Path, documents: list[str] | None
     return load_tokenizer(str(saved))
 
 
-def open_stream(config: Config, world: int) -> StreamShards | None:
-    """The stream ``data.source`` names with ``data.streaming`` (read by shards, :class:`StreamShards`, resharded
-    for ``world`` processes where that helps), or None for a source read whole or a prepared folder."""
-    if not config.data.streaming or is_prepared(config.data.source):
-        return None
-    return StreamShards(config.data, reshard_for=world)
+@dataclass
+class DataSource:
+    """The training data's source, opened once: the ``prepared`` folder ``data.source`` names
+    (:func:`open_prepared`), or its ``stream`` with ``data.streaming`` (read by shards, :class:`StreamShards`,
+    resharded for the run's processes where that helps) and the stream's ``layout``
+    (:func:`~rotarium.data.stream.stream_layout`), or neither for a source read whole."""
+    prepared: PreparedCorpus | None = None
+    stream: StreamShards | None = None
+    layout: dict[str, Any] | None = None
+
+
+def open_data_source(config: Config, world: int) -> DataSource:
+    """The :class:`DataSource` of ``config`` for a run of ``world`` processes."""
+    prepared = open_prepared(config)
+    if prepared is not None or not config.data.streaming:
+        return DataSource(prepared)
+    stream = StreamShards(config.data, reshard_for=world)
+    return DataSource(stream=stream, layout=stream_layout(len(stream), world))
 
 
 @dataclass
 class RunData:
-    """This process's data: its training batches, its validation batches, and what the run holds out (the
-    documents, or the ``prepared`` folder whose validation split it is). ``stream``: a stream's layout
-    (:func:`~rotarium.data.stream.stream_layout`)."""
-    train: BatchSchedule | BatchLoader | StreamLoader
+    """This process's data: its training batches (a :class:`~rotarium.data.loader.TrainLoader`), its validation
+    batches, and what the run holds out (the documents, or the ``prepared`` folder whose validation split it is)."""
+    train: TrainLoader
     validation: list[dict[str, torch.Tensor]]
     validation_documents: list[str] | None
     prepared: PreparedCorpus | None = None
-    stream: dict[str, Any] | None = None
-    rank: int = 0
 
     @property
     def schedule(self) -> BatchSchedule | None:
-        """The schedule the batches come from (also behind a loader); None for a stream."""
-        return self.train.schedule if isinstance(self.train, BatchLoader) else (
-            self.train if isinstance(self.train, BatchSchedule) else None)
+        """The schedule the batches come from; None for a stream."""
+        return self.train.schedule
 
     @property
     def held_out(self) -> list[str] | PreparedCorpus:
         """What evaluation scores: the held-out documents, or the prepared folder (its validation split)."""
         return self.prepared if self.prepared is not None else self.validation_documents
 
-    def position(self, step: int) -> dict[str, Any]:
-        """The data position before step ``step`` for a checkpoint: :meth:`BatchSchedule.position` with a prepared
-        folder's fingerprint and tokenizer SHA-256, or a stream's ``{"stream": layout, "processes": [this process's
-        StreamLoader.state()]}`` (the trainer gathers every process's)."""
-        if isinstance(self.train, StreamLoader):
-            return {"stream": self.stream, "processes": [self.train.state()]}
-        identity = self.prepared.identity if self.prepared is not None else {"prepared": None, "tokenizer": None}
-        return {**self.schedule.position(step), **identity}
-
-    def restore(self, step: int, position: dict[str, Any]) -> None:
-        """Goes on from the ``position`` a checkpoint of ``step`` recorded (:meth:`position`, every process's;
-        empty for a checkpoint without one): the sequences consumed, or this process's place in a stream under the
-        layout its positions belong to (``check_data`` refused another one unless ``--allow-config-change data``,
-        which reads the stream again from its start)."""
-        if isinstance(self.train, StreamLoader):
-            processes = position.get("processes")
-            same = position.get("stream") == self.stream and isinstance(processes, list)
-            self.train.restore(step, processes[self.rank] if same else None)
-            return
-        sequences = position.get("sequences")
-        self.train.restore(step, sequences if isinstance(sequences, int) else None)
-
     def close(self) -> None:
-        """Stops a loader's worker processes."""
-        if isinstance(self.train, (BatchLoader, StreamLoader)):
-            self.train.close()
+        """Stops the loader's worker processes."""
+        self.train.close()
 
 
 def accumulation_steps(config: Config, world: int) -> int:
@@ -219,39 +204,38 @@ def accumulation_steps(config: Config, world: int) -> int:
     return t.global_batch_size // per_step
 
 
-def prepare_data(config: Config, tokenizer: PreTrainedTokenizerBase, world: int, rank: int, start_step: int,
-                 documents: list[str] | None, *, prepared: PreparedCorpus | None = None,
-                 start_sequences: int | None = None, order_cache: Path | None = None,
-                 pin_memory: bool = False, stream: StreamShards | None = None,
-                 stream_state: dict[str, Any] | None = None) -> RunData:
-    """This process's training batches from ``start_step`` on and its share of the validation batches.
-    ``documents``: the whole corpus when it is already read (not streaming, not prepared); ``prepared``: the
-    prepared folder ``data.source`` names (:func:`open_prepared`), read by a :class:`BatchLoader` with
-    ``data.num_workers`` workers (pinning its batches with ``pin_memory``) and an epoch order cached in
-    ``order_cache``; ``start_sequences``: the sequences consumed before ``start_step``, as the checkpoint resumed
-    from recorded them (default: ``start_step`` global batches). A stream (``data.streaming``; ``stream``: its
-    :func:`open_stream`, opened here when not given) is read by a :class:`~rotarium.data.stream.StreamLoader` with
-    ``data.num_workers`` workers, from ``stream_state`` (this process's position, as the checkpoint resumed from
-    recorded it) or the stream's start."""
-    d, t = config.data, config.train
-    accum = accumulation_steps(config, world)
+def loader_settings(config: Config, world: int, rank: int = 0, *, pin_memory: bool = False,
+                    order_cache: Path | None = None) -> LoaderSettings:
+    """The settings every training loader is built from (:class:`~rotarium.data.config.LoaderSettings`), for
+    process ``rank`` of ``world``."""
+    t = config.train
+    return LoaderSettings(config.data, t.batch_size, accumulation_steps(config, world), t.seed, world, rank,
+                          pin_memory, order_cache)
+
+
+def prepare_data(config: Config, tokenizer: PreTrainedTokenizerBase, source: DataSource, settings: LoaderSettings,
+                 documents: list[str] | None = None) -> RunData:
+    """This process's training loader, built from ``settings`` and at step 0 (a resume restores it,
+    :meth:`~rotarium.data.loader.TrainLoader.restore`), and its share of the validation batches, from ``source``
+    (:func:`open_data_source`): a prepared folder's :class:`~rotarium.data.loader.PreparedLoader`, a stream's
+    :class:`~rotarium.data.stream.StreamLoader`, or a :class:`~rotarium.data.loader.MemoryLoader` of the corpus
+    (``documents``: the whole corpus when it is already read)."""
+    d, t, world, rank = config.data, config.train, settings.world, settings.rank
     max_val_rows = max(1, d.max_validation_tokens // d.seq_len)
-    held_out: list[str] | None
-    if prepared is not None:
-        sequences = PreparedSequences(prepared.train, d.seq_len)
+    held_out: list[str] | None = None
+    train: TrainLoader
+    if source.prepared is not None:
+        prepared = source.prepared
+        train = PreparedLoader(prepared, settings)
         val = PreparedSequences(prepared.validation, d.seq_len).packed(max_val_rows)
-        for name, part, split in (("training", sequences, prepared.train), ("validation", val, prepared.validation)):
+        for name, part, split in (("training", train.schedule.data, prepared.train),
+                                  ("validation", val, prepared.validation)):
             if not len(part):
                 raise ValueError(f"the {name} split of the prepared folder {d.source} holds {split.num_tokens} "
                                  f"tokens, too few for one sequence of `data.seq_len={d.seq_len}`; use a smaller "
                                  "seq_len or prepare more text")
-        schedule = BatchSchedule(sequences, t.batch_size, accum, world, rank, t.seed, start_step=start_step,
-                                 start_sequences=start_sequences, order_cache=order_cache)
-        train: BatchSchedule | BatchLoader | StreamLoader = BatchLoader(schedule, start_step, d.num_workers,
-                                                                        pin_memory=pin_memory)
-        held_out = None
-    elif d.streaming:
-        stream = stream if stream is not None else open_stream(config, world)
+    elif source.stream is not None:
+        stream = source.stream
         held_out, held = stream.held_out(d.validation_documents)
         val = pack_all(tokenizer, held_out, d.seq_len, "validation")
         plan = plan_stream(len(stream), world, rank, held)
@@ -260,18 +244,12 @@ def prepare_data(config: Config, tokenizer: PreTrainedTokenizerBase, world: int,
                            "the whole stream and keeps one row in %d (tokenising only those); a stream of a multiple "
                            "of %d files lets each process read only its own shards", d.source, len(stream), world,
                            world, world)
-        train = StreamLoader(stream, plan, tokenizer, d.seq_len, t.batch_size, accum, t.seed, d.shuffle_buffer,
-                             start_step, d.num_workers, state=stream_state)
-        layout = stream_layout(len(stream), world)
-        val = PackedSequences(val.tokens[:max_val_rows], val.starts[:max_val_rows])
-        return RunData(train, validation_batches(val, t.batch_size, t.eval_batches, world, rank), held_out, None,
-                       layout, rank)
+        train = StreamLoader(stream, plan, tokenizer, settings, layout=source.layout, held_out=held_out)
     else:
         documents = documents if documents is not None else list(iter_documents(d))
         train_docs, held_out = split_documents(documents, d.validation_fraction, t.seed)
         val = pack_all(tokenizer, held_out, d.seq_len, "validation")
-        train = BatchSchedule(pack_all(tokenizer, train_docs, d.seq_len, "training"), t.batch_size, accum, world,
-                              rank, t.seed, start_step=start_step, start_sequences=start_sequences)
+        train = MemoryLoader(pack_all(tokenizer, train_docs, d.seq_len, "training"), settings, held_out)
     val = PackedSequences(val.tokens[:max_val_rows], val.starts[:max_val_rows])
-    return RunData(train, validation_batches(val, t.batch_size, t.eval_batches, world, rank), held_out, prepared,
-                   rank=rank)
+    return RunData(train, validation_batches(val, t.batch_size, t.eval_batches, world, rank), held_out,
+                   source.prepared)

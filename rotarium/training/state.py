@@ -3,7 +3,7 @@
 Each part that a resumed run must go on with is an object with ``state_dict()`` and ``load_state_dict()``, as
 torch's optimizer is and torchtitan's components are (``Stateful``): the loop's counters (:class:`LoopCounters`),
 the loss guard (:class:`~rotarium.training.guard.LossGuard`) and the data position (the training loader's,
-:class:`~rotarium.training.build.RunData`). :class:`TrainerState` saves and loads them by name into the
+:class:`~rotarium.data.loader.TrainLoader`). :class:`TrainerState` saves and loads them by name into the
 checkpoint's ``trainer_state.json``: the counters' keys at its top level, each other part under its name
 (``guard``, ``data``), the keys every rotarium has written there. The weights, the optimizer and the RNG states are
 accelerate's (``state/``), saved and loaded by ``save_state``/``load_state``.
@@ -63,7 +63,7 @@ class TrainerState:
 
 
 class PositionedLoader(Protocol):
-    """A training loader whose position a checkpoint records (:class:`~rotarium.training.build.RunData`)."""
+    """A training loader whose position a checkpoint records (:class:`~rotarium.data.loader.TrainLoader`)."""
 
     def position(self, step: int) -> dict[str, Any]: ...
 

@@ -44,20 +44,16 @@ from rotarium.data.heldout import (
     absolute_source,
     changed_at_steps,
     check_held_out,
-    held_out_record,
     is_prepared_record,
-    prepared_record,
 )
 from rotarium.data.loader import BackgroundCheck
-from rotarium.data.stream import stream_layout
 from rotarium.models import set_activation_checkpointing
 from rotarium.training.accelerator import make_accelerator
 from rotarium.training.build import (
-    accumulation_steps,
     build_model,
     check_prepared_source_exists,
-    open_prepared,
-    open_stream,
+    loader_settings,
+    open_data_source,
     prepare_data,
     prepare_tokenizer,
 )
@@ -167,9 +163,8 @@ class Trainer:
         from accelerate.utils import set_seed
 
         acc, config, t = self.accelerator, self.config, self.config.train
-        prepared = open_prepared(config)
-        stream = open_stream(config, acc.num_processes)
-        layout = stream_layout(len(stream), acc.num_processes) if stream is not None else None
+        source = open_data_source(config, acc.num_processes)
+        prepared = source.prepared
 
         def take_folder() -> tuple[FolderPlan, bool]:
             if allowed and not resume:
@@ -184,12 +179,12 @@ class Trainer:
             if plan.checkpoint is not None:
                 check_config(plan.checkpoint, config, allowed)
                 changed = check_data(plan.checkpoint, config.data, prepared.identity if prepared is not None else None,
-                                     allowed, allow_change=self.allow_data_change, layout=layout, stream=stream)
+                                     allowed, allow_change=self.allow_data_change, layout=source.layout,
+                                     stream=source.stream)
                 check_launch(plan.checkpoint, fsdp=acc.distributed_type == "FSDP")
             return plan, changed
 
         plan, changed = self._main_decides(take_folder)
-        self._stream = stream
         set_seed(t.seed)
         self.resume_from = plan.checkpoint
         self.counters = LoopCounters()
@@ -204,9 +199,9 @@ class Trainer:
             raise ValueError(f"the prepared folder {config.data.source} holds ids of a vocabulary of "
                              f"{prepared.metadata['tokenizer']['vocab_size']}, the run's tokenizer has "
                              f"{len(self.tokenizer)}; train from the folder the run was started on")
-        self.data = prepare_data(config, self.tokenizer, acc.num_processes, acc.process_index, 0, documents,
-                                 prepared=prepared, order_cache=self.folder.data_order,
-                                 pin_memory=acc.device.type == "cuda", stream=stream)
+        settings = loader_settings(config, acc.num_processes, acc.process_index, order_cache=self.folder.data_order,
+                                   pin_memory=acc.device.type == "cuda")
+        self.data = prepare_data(config, self.tokenizer, source, settings, documents)
         self._changed_at: list[int] = []
         if self.resume_from is not None:
             changed = self._check_held_out() or changed
@@ -215,7 +210,7 @@ class Trainer:
         self._verifying = prepared is not None and not config.data.skip_verify
         self._verifier = (BackgroundCheck(functools.partial(prepared.verify, splits=("train", "validation")))
                           if self._verifying and acc.is_main_process else None)
-        self.accum = accumulation_steps(config, acc.num_processes)
+        self.accum = settings.accum
         self.tokens_per_step = t.batch_size * self.accum * acc.num_processes * config.data.seq_len
 
         model = build_model(config, self.tokenizer)
@@ -223,8 +218,8 @@ class Trainer:
         self.flops_per_token = flops_per_token(model, config.data.seq_len)
         self.peak_flops = peak_flops(torch.cuda.get_device_name(acc.device)) if acc.device.type == "cuda" else None
         self.guard = LossGuard(t.spike_factor, t.spike_window, model.config.vocab_size)
-        self.checkpoint_state = TrainerState(self.counters, {
-            "guard": self.guard, "data": DataPosition(self.data, self.counters, functools.partial(_gathered, acc))})
+        position = DataPosition(self.data.train, self.counters, functools.partial(_gathered, acc))
+        self.checkpoint_state = TrainerState(self.counters, {"guard": self.guard, "data": position})
         if config.model.gradient_checkpointing:
             set_activation_checkpointing(model)
         model.config.use_cache = False
@@ -506,10 +501,7 @@ class Trainer:
     def _held_out_record(self) -> dict[str, Any]:
         """What identifies the run's held-out documents (:mod:`rotarium.data.heldout`): computed once, since every
         checkpoint's ``training_args.json`` carries it and the documents do not change within a run."""
-        if self.data.prepared is not None:
-            record = prepared_record(self.data.prepared)
-        else:
-            record = held_out_record(self.config.data, self.data.validation_documents, stream=self._stream)
+        record = self.data.train.describe()
         if self._changed_at:
             record["changed_at_steps"] = self._changed_at
         return record

@@ -88,7 +88,7 @@ def test_a_checkpoint_written_in_the_format_before_resumes_with_every_part(corpu
         assert resumed.start_step == 2
         assert resumed.counters == LoopCounters(step=2, tokens=256, bad_steps_in_a_row=0, skipped_steps=1)
         assert resumed.guard.state_dict() == TODAYS_STATE["guard"]
-        assert resumed.data.position(2)["sequences"] == 12  # the recorded count, not 2 steps x 4 sequences
+        assert resumed.data.train.position(2)["sequences"] == 12  # the recorded count, not 2 steps x 4 sequences
         saved = resumed.checkpoint_state.state_dict()
         assert saved == {key: value for key, value in TODAYS_STATE.items() if key != "good"}
         result = resumed.train()

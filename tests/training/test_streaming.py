@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from rotarium.data import stream as stream_module
-from rotarium.data.config import DataSection
+from rotarium.data.config import DataSection, LoaderSettings
 from rotarium.data.documents import StreamShards, embedded_documents, held_out_documents, iter_documents
 from rotarium.data.stream import StreamLoader, plan_stream, stream_documents, stream_layout
 from rotarium.data.tokenizer import train_bpe
@@ -27,6 +27,12 @@ DOCUMENTS = embedded_documents()
 def _jsonl(path, documents):
     path.write_text("".join(json.dumps({"text": doc}) + "\n" for doc in documents))
     return path
+
+
+def _settings(shuffle, workers, accum=1):
+    """A loader's settings: sequences of 32 tokens, 4 to a micro-batch, seed 0."""
+    return LoaderSettings(DataSection(seq_len=32, shuffle_buffer=shuffle, num_workers=workers), batch_size=4,
+                          accum=accum, seed=0)
 
 
 def _shards(folder, files=4, per_file=20):
@@ -115,7 +121,8 @@ def test_tokenising_happens_in_the_workers_and_a_loader_goes_on_from_a_state(tmp
     monkeypatch.setattr(stream_module, "tokenize", tokenize)
 
     def loader(start_step=0, state=None, workers=2):
-        return StreamLoader(source, plan, tokenizer, 32, 4, 2, 0, 8, start_step, workers, state=state)
+        return StreamLoader(source, plan, tokenizer, _settings(accum=2, shuffle=8, workers=workers),
+                            start_step=start_step, state=state)
 
     first = loader()
     reference = [first.batch(step, micro) for step in range(12) for micro in range(2)]
@@ -144,9 +151,9 @@ def test_a_resume_opens_no_shard_before_its_own_and_rereads_only_the_current_blo
                                                                                    monkeypatch):
     source = StreamShards(DataSection(source=str(_shards(tmp_path / "s", 5, 16)), streaming=True))
     plan = plan_stream(5, 1, 0, [0] * 5)
-    first = StreamLoader(source, plan, tokenizer, 32, 4, 1, 0, 4, 0, 0)
+    first = StreamLoader(source, plan, tokenizer, _settings(shuffle=4, workers=0))
     step = 0
-    while not (first.position[1] >= 1 and first.position[2] % 4):  # in a later shard, inside a block of 4 rows
+    while not (first.cursor[1] >= 1 and first.cursor[2] % 4):  # in a later shard, inside a block of 4 rows
         first.batch(step, 0)
         step += 1
     state = first.state()
@@ -159,7 +166,7 @@ def test_a_resume_opens_no_shard_before_its_own_and_rereads_only_the_current_blo
         return original(self, shard, start, **kwargs)
 
     monkeypatch.setattr(StreamShards, "rows", rows)
-    resumed = StreamLoader(source, plan, tokenizer, 32, 4, 1, 0, 4, step, 0, state=state)
+    resumed = StreamLoader(source, plan, tokenizer, _settings(shuffle=4, workers=0), start_step=step, state=state)
     for later in range(step, step + 20):  # past the tokens the packer kept, into the stream
         assert torch.equal(resumed.batch(later, 0)["input_ids"], first.batch(later, 0)["input_ids"])
     current = plan.shards[stream_module.shard_order(5, 0, epoch, 4)[at]]
@@ -167,15 +174,15 @@ def test_a_resume_opens_no_shard_before_its_own_and_rereads_only_the_current_blo
 
 
 def test_a_shard_count_that_does_not_divide_is_logged(tmp_path, tokenizer, caplog):
-    from rotarium.training.build import prepare_data
+    from rotarium.training.build import loader_settings, open_data_source, prepare_data
     from rotarium.training.config import load_config
 
     config = load_config(None, {"data.source": str(_shards(tmp_path / "s", 3, 10)), "data.streaming": "true",
                                 "data.seq_len": 32, "data.validation_documents": 2, "train.batch_size": 4})
     for world, logged in ((3, False), (2, True)):
         caplog.clear()
-        data = prepare_data(config, tokenizer, world, 0, 0, None)
-        assert data.stream == stream_layout(3, world)
+        data = prepare_data(config, tokenizer, open_data_source(config, world), loader_settings(config, world))
+        assert data.train.layout == stream_layout(3, world)
         assert ("every process reads the whole stream and keeps one row in 2" in caplog.text) == logged
         data.close()
 
@@ -186,7 +193,7 @@ def test_bad_data_read_by_a_worker_is_one_line_naming_its_row(tmp_path, tokenize
 
     pq.write_table(pa.table({"text": list(range(10))}), tmp_path / "numbers.parquet")
     source = StreamShards(DataSection(source=str(tmp_path / "numbers.parquet"), streaming=True))
-    loader = StreamLoader(source, plan_stream(1, 1, 0, [0]), tokenizer, 32, 4, 1, 0, 1, 0, 2)
+    loader = StreamLoader(source, plan_stream(1, 1, 0, [0]), tokenizer, _settings(shuffle=1, workers=2))
     with pytest.raises(ValueError, match=r"numbers\.parquet row 1 has a `text` that is int"):
         loader.batch(0, 0)
     loader.close()
