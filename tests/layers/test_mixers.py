@@ -2,6 +2,7 @@
 import pytest
 import torch
 
+from tests.asserts import assert_close_at_scale
 from tests.layers.helpers import COMBINATIONS, FAMILIES, HIDDEN, make_mixer, run
 
 T = 40
@@ -18,7 +19,7 @@ def test_prefix_then_token_by_token_decoding_equals_full_forward(family, pe):
     for t in range(prefix, T):
         out, state = run(mixer, x[:, t:t + 1], state, use_cache=True)
         outs.append(out)
-    assert (torch.cat(outs, 1) - full).abs().max() <= 1e-5
+    assert_close_at_scale(torch.cat(outs, 1), full, 1e-5)
 
 
 @pytest.mark.parametrize("family,pe", COMBINATIONS)
@@ -30,7 +31,7 @@ def test_multi_token_decoding_and_long_continuation(family, pe):
     for start, stop in [(0, 5), (5, 8), (8, 80), (80, 150)]:  # short and chunked continuations alike
         out, state = run(mixer, x[:, start:stop], state, use_cache=True)
         outs.append(out)
-    assert (torch.cat(outs, 1) - full).abs().max() <= 1e-5
+    assert_close_at_scale(torch.cat(outs, 1), full, 1e-5)
 
 
 @pytest.mark.parametrize("family,pe", COMBINATIONS)
@@ -41,7 +42,7 @@ def test_packed_batch_equals_separate_runs(family, pe):
     cu_seqlens = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()])
     packed, _ = run(mixer, torch.cat(docs, 1), cu_seqlens=cu_seqlens)
     separate = torch.cat([run(mixer, d)[0] for d in docs], 1)
-    assert (packed - separate).abs().max() <= 1e-5
+    assert_close_at_scale(packed, separate, 1e-5)
 
 
 @pytest.mark.parametrize("family,pe", COMBINATIONS)
@@ -52,13 +53,13 @@ def test_left_padding_equals_unpadded_and_decodes_on(family, pe):
     mask = torch.ones(2, 20, dtype=torch.long)
     mask[1, :6] = 0
     out, state = run(mixer, batch, use_cache=True, attention_mask=mask)
-    assert (out[0] - run(mixer, a)[0][0]).abs().max() <= 1e-5
-    assert (out[1, 6:] - run(mixer, b)[0][0]).abs().max() <= 1e-5
+    assert_close_at_scale(out[0], run(mixer, a)[0][0], 1e-5)
+    assert_close_at_scale(out[1, 6:], run(mixer, b)[0][0], 1e-5)
     # decoding continues each row from its own true position
     nxt = torch.randn(2, 1, HIDDEN)
     step_mask = torch.cat([mask, torch.ones(2, 1, dtype=torch.long)], 1)
     step, _ = run(mixer, nxt, state, use_cache=True, attention_mask=step_mask)
-    assert (step[1] - run(mixer, torch.cat([b, nxt[1:]], 1))[0][0, -1:]).abs().max() <= 1e-5
+    assert_close_at_scale(step[1], run(mixer, torch.cat([b, nxt[1:]], 1))[0][0, -1:], 1e-5)
 
 
 @pytest.mark.parametrize("family,pe", COMBINATIONS)
@@ -106,4 +107,4 @@ def test_selective_rope_variants_train_and_decode(family, options):
     for start, stop in [(0, 9), (9, 10), (10, T)]:
         out, state = run(mixer, x[:, start:stop], state, use_cache=True)
         outs.append(out)
-    assert (torch.cat(outs, 1) - full).abs().max() <= 1e-5
+    assert_close_at_scale(torch.cat(outs, 1), full, 1e-5)

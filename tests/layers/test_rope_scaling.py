@@ -14,6 +14,7 @@ import rotarium  # noqa: F401  (registers the Auto classes)
 from rotarium.layers import MixerSpec, PositionalSettings, SequenceInfo, build_positional
 from rotarium.models import CONFIGS
 from rotarium.ops.rotary import rotate_half_pairs
+from tests.asserts import assert_close_at_scale
 from tests.layers.helpers import FAMILIES, make_mixer, run
 
 ORIGINAL = 16  # the training length the scalings extend
@@ -190,7 +191,7 @@ def test_factor_one_is_the_unscaled_layer(name, encoding):
     got = rope_layer(UNIT_SCALINGS[name], encoding)(q, k, v, x, SequenceInfo.build(x), None)
     expected = rope_layer(None, encoding)(q, k, v, x, SequenceInfo.build(x), None)
     for a, b in ((got.q, expected.q), (got.k, expected.k), (got.v, expected.v)):
-        torch.testing.assert_close(a, b, rtol=0, atol=1e-6)
+        assert_close_at_scale(a, b, 1e-6)
 
 
 @pytest.mark.parametrize(("parameters", "match"), [
