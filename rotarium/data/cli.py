@@ -1,4 +1,4 @@
-"""``rotarium prepare``: tokenise a corpus once into a prepared folder (:mod:`rotarium.data.prepared`)."""
+"""``rotarium prepare``: tokenise a corpus once into a prepared folder (:mod:`rotarium.data.prepared_writer`)."""
 from __future__ import annotations
 
 import argparse
@@ -7,7 +7,7 @@ from rotarium.data.config import DEFAULT_SEED, DataSection
 
 
 def add_commands(subparsers: argparse._SubParsersAction) -> None:
-    from rotarium.data.prepared import DEFAULT_SHARD_TOKENS, DEFAULT_TRAIN_DOCUMENTS, DEFAULT_VOCAB_SIZE
+    from rotarium.data.prepared_writer import DEFAULT_SHARD_TOKENS, DEFAULT_TRAIN_DOCUMENTS, DEFAULT_VOCAB_SIZE
 
     prepare = subparsers.add_parser(
         "prepare", help="tokenise a corpus once into token shards that training reads",
@@ -52,7 +52,7 @@ def add_commands(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run_prepare(args: argparse.Namespace) -> int:
-    from rotarium.data.prepared import prepare
+    from rotarium.data.prepared_writer import prepare
 
     corpus = prepare(args.source, args.out, tokenizer=args.tokenizer, vocab_size=args.vocab_size,
                      train_documents=args.train_documents, hub_config=args.config, split=args.split,

@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Any
 
 from rotarium.data.config import DataSection
 from rotarium.data.documents import _local_files
-from rotarium.data.prepared import PreparedCorpus
+from rotarium.data.prepared_reader import PreparedCorpus
 from rotarium.utils.files import file_sha256
 
 if TYPE_CHECKING:

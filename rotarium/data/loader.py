@@ -2,9 +2,9 @@
 documents packed in memory (:class:`MemoryLoader`), a prepared folder (:class:`PreparedLoader`) and a stream
 (:class:`~rotarium.data.stream.StreamLoader`), each built from one :class:`~rotarium.data.config.LoaderSettings`.
 
-Training from a prepared folder (:mod:`rotarium.data.prepared`): its token stream cut into sequences, read through
-memory maps, and a ``torch.utils.data.DataLoader`` whose worker processes read each rank's micro-batches ahead of the
-step.
+Training from a prepared folder (:mod:`rotarium.data.prepared_reader`): its token stream cut into sequences, read
+through memory maps, and a ``torch.utils.data.DataLoader`` whose worker processes read each rank's micro-batches ahead
+of the step.
 
 Sequence ``i`` of a split is the window ``[i*T, (i+1)*T)`` of its token stream, the documents one after the other
 (each ``[bos] + ids + [eos]``), with the documents starting inside it: exactly the sequences
@@ -30,7 +30,7 @@ import torch
 from rotarium.data.batches import BatchSchedule, PackedSequences, collate
 from rotarium.data.config import LoaderSettings
 from rotarium.data.heldout import held_out_record, prepared_record
-from rotarium.data.prepared import PreparedCorpus, PreparedSplit
+from rotarium.data.prepared_reader import PreparedCorpus, PreparedSplit
 
 # what a schedule's position records for a source that is not a prepared folder
 NO_PREPARED = {"prepared": None, "tokenizer": None}
@@ -253,7 +253,7 @@ class PreparedLoader:
 
 class BackgroundCheck:
     """Runs ``check`` (a function raising ``ValueError`` for bad data, such as :meth:`PreparedCorpus.verify
-    <rotarium.data.prepared.PreparedCorpus.verify>`) in a daemon thread, so that hashing a large folder does not
+    <rotarium.data.prepared_reader.PreparedCorpus.verify>`) in a daemon thread, so that hashing a large folder does not
     delay the first step; :attr:`error` holds its message once it failed, :attr:`done` says whether it ended."""
 
     def __init__(self, check: Callable[[], None]):

@@ -43,7 +43,7 @@ from rotarium.data.config import LoaderSettings
 from rotarium.data.documents import StreamShards
 from rotarium.data.heldout import held_out_record
 from rotarium.data.loader import MicroBatchOrder, as_is
-from rotarium.data.prepared import one_thread_per_process
+from rotarium.data.prepared_writer import one_thread_per_process
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase

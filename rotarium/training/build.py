@@ -14,7 +14,7 @@ from rotarium.data.batches import BatchSchedule, PackedSequences, pack_all, vali
 from rotarium.data.config import DataSection, LoaderSettings
 from rotarium.data.documents import StreamShards, iter_documents, split_documents
 from rotarium.data.loader import MemoryLoader, PreparedLoader, PreparedSequences, TrainLoader
-from rotarium.data.prepared import PreparedCorpus, is_prepared, tokenizer_fingerprint
+from rotarium.data.prepared_reader import PreparedCorpus, is_prepared, tokenizer_fingerprint
 from rotarium.data.stream import StreamLoader, plan_stream, stream_layout
 from rotarium.data.tokenizer import load_tokenizer, train_bpe
 from rotarium.training.config import Config

@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from rotarium.data import prepared
+from rotarium.data import prepared, prepared_writer
 from rotarium.data.config import DataSection
 from rotarium.data.documents import embedded_documents, iter_documents, split_documents
 from rotarium.data.prepared import PreparedCorpus, held_out_rule, prepare, token_dtype
@@ -151,17 +151,17 @@ class Killed(Exception):
 def killed_after_first_shard(monkeypatch) -> Iterator[None]:
     """Stops the prepare run inside the block once its first training shard is recorded, as a kill there would (the
     block must end with :class:`Killed`), then lets later runs write their progress again."""
-    original = prepared._write_progress
+    original = prepared_writer._write_progress
 
     def die_after_first_shard(out, record):
         original(out, record)
         if record["splits"]["train"]["shards"]:
             raise Killed
 
-    monkeypatch.setattr(prepared, "_write_progress", die_after_first_shard)
+    monkeypatch.setattr(prepared_writer, "_write_progress", die_after_first_shard)
     with pytest.raises(Killed):
         yield
-    monkeypatch.setattr(prepared, "_write_progress", original)
+    monkeypatch.setattr(prepared_writer, "_write_progress", original)
 
 
 @pytest.fixture(scope="module")
@@ -199,7 +199,7 @@ def test_a_prepare_killed_after_its_first_shard_continues_to_the_same_bytes(
 
 KILL_AFTER_FIRST_SHARD = """
 import os, signal, sys
-from rotarium.data import prepared
+from rotarium.data import prepared_writer as prepared
 original = prepared._write_progress
 def kill(out, record):
     original(out, record)
