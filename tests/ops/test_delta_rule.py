@@ -19,7 +19,7 @@ from rotarium.ops.delta_rule import (
     naive_delta_rule,
     naive_gated_delta_rule,
 )
-from tests.asserts import assert_close
+from tests.asserts import assert_close, assert_close_at_scale
 
 GATED = {"chunk_gated_delta_rule": chunk_gated_delta_rule,
          "fused_recurrent_gated_delta_rule": fused_recurrent_gated_delta_rule}
@@ -63,18 +63,12 @@ def run(fn, x):
     return o, s, dict(zip(names, grads))
 
 
-def scaled(tol, expected):
-    """An absolute tolerance of ``tol`` times the largest magnitude in ``expected`` (at least 1): the kernels' errors
-    grow with the size of the sums they form."""
-    return tol * max(1.0, expected.float().abs().max().item())
-
-
 def assert_runs_match(a, b, tol):
-    assert_close(a[0], b[0], scaled(tol, b[0]), rtol=0, what="o")
+    assert_close_at_scale(a[0], b[0], tol, what="o")
     if b[1] is not None:
-        assert_close(a[1], b[1], scaled(tol, b[1]), rtol=0, what="final state")
+        assert_close_at_scale(a[1], b[1], tol, what="final state")
     for name in b[2]:
-        assert_close(a[2][name], b[2][name], scaled(tol, b[2][name]), rtol=0, what=f"grad {name}")
+        assert_close_at_scale(a[2][name], b[2][name], tol, what=f"grad {name}")
 
 
 def our_oracle(gated):
@@ -187,8 +181,8 @@ def test_prefill_then_decode_equals_one_pass(gated, step):
         xt["h0"] = state
         o, state = call(recurrent, xt, output_final_state=True)
         outs.append(o)
-    assert_close(torch.cat(outs, 1), full, scaled(1e-5, full), rtol=0, what="o")
-    assert_close(state, full_state, scaled(1e-5, full_state), rtol=0, what="final state")
+    assert_close_at_scale(torch.cat(outs, 1), full, 1e-5, what="o")
+    assert_close_at_scale(state, full_state, 1e-5, what="final state")
 
 
 def test_fused_recurrent_beta_defaults_to_ones():
@@ -199,12 +193,12 @@ def test_fused_recurrent_beta_defaults_to_ones():
         o, s = op(*args, initial_state=x["h0"], output_final_state=True)
         o_ref, s_ref = naive_gated_delta_rule(x["q"], x["k"], x["v"], g, ones, initial_state=x["h0"],
                                               output_final_state=True)
-        assert_close(o, o_ref, scaled(1e-5, o_ref), rtol=0)
-        assert_close(s, s_ref, scaled(1e-5, s_ref), rtol=0)
+        assert_close_at_scale(o, o_ref, 1e-5)
+        assert_close_at_scale(s, s_ref, 1e-5)
     # g None in the gated op: no decay
     o, _ = fused_recurrent_gated_delta_rule(x["q"], x["k"], x["v"], beta=x["beta"])
     plain, _ = fused_recurrent_delta_rule(x["q"], x["k"], x["v"], x["beta"])
-    assert_close(o, plain, scaled(1e-6, plain), rtol=0)
+    assert_close_at_scale(o, plain, 1e-6)
 
 
 @pytest.mark.parametrize("g_value, beta_value", [(-20.0, 1e-4), (-20.0, 1 - 1e-4), (-1e-6, 1e-4), (-1e-6, 1 - 1e-4)])
@@ -239,8 +233,8 @@ def test_long_sequence_is_finite_and_matches_oracle():
     assert all(torch.isfinite(t.grad).all() for t in x.values())
     with torch.no_grad():
         o_ref, s_ref = call(naive_gated_delta_rule, x, output_final_state=True)
-    assert_close(o, o_ref, scaled(1e-4, o_ref), rtol=0, what="o")
-    assert_close(s, s_ref, scaled(1e-4, s_ref), rtol=0, what="final state")
+    assert_close_at_scale(o, o_ref, 1e-4, what="o")
+    assert_close_at_scale(s, s_ref, 1e-4, what="final state")
 
 
 @pytest.mark.parametrize("use_l2norm", [False, True])
@@ -251,8 +245,8 @@ def test_matches_transformers_reference(use_l2norm):
     o_ref, s_ref = reference(x["q"], x["k"], x["v"], x["g"], x["beta"], initial_state=x["h0"], output_final_state=True,
                              use_qk_l2norm_in_kernel=use_l2norm)
     o, s = call(chunk_gated_delta_rule, x, output_final_state=True, use_qk_l2norm_in_kernel=use_l2norm)
-    assert_close(o, o_ref, scaled(1e-5, o_ref), rtol=0, what="o")
-    assert_close(s, s_ref, scaled(1e-5, s_ref), rtol=0, what="final state")
+    assert_close_at_scale(o, o_ref, 1e-5, what="o")
+    assert_close_at_scale(s, s_ref, 1e-5, what="final state")
 
 
 def test_final_state_only_on_request():
@@ -302,7 +296,7 @@ def test_backend_choice(name):
         call(op, x, backend="cuda")
     o, _ = call(op, x, backend="torch")
     o_ref, _ = our_oracle(gated)(x)
-    assert_close(o, o_ref, scaled(1e-5, o_ref), rtol=0)
+    assert_close_at_scale(o, o_ref, 1e-5)
 
 
 def test_float32_plain_delta_rule_runs_pytorch_with_one_warning_and_the_gated_one_goes_to_fla(monkeypatch):
