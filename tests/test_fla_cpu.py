@@ -10,10 +10,11 @@ from fla.models.utils import Cache
 from fla.modules import ShortConvolution
 from torch import nn
 
+from tests.asserts import assert_close_at_scale
 from tests.fla_cpu import LEAVES, MODEL_TYPES, causal_conv1d, fla_on_cpu, tiny_fla_model
 
 BATCH, LENGTH, PREFILL = 2, 70, 66  # longer than fla's 64-token chunk, so its chunked kernels run too
-ATOL = 1e-4
+TOL = 1e-4  # at the logits' scale
 # fla warns whenever a model turns its short convolutions off, which one variant does on purpose
 pytestmark = pytest.mark.filterwarnings("ignore:ShortConvolution is crucial:UserWarning")
 
@@ -64,8 +65,8 @@ def test_forward_is_finite_and_decoding_continues_it(model_type, overrides):
     assert torch.isfinite(full.logits).all()
     expected_loss = F.cross_entropy(full.logits[:, :-1].reshape(-1, 128), ids[:, 1:].reshape(-1))
     torch.testing.assert_close(full.loss, expected_loss)
-    torch.testing.assert_close(prefill, full.logits[:, :PREFILL], atol=ATOL, rtol=0)
-    torch.testing.assert_close(torch.cat(steps, 1), full.logits[:, PREFILL:], atol=ATOL, rtol=0)
+    assert_close_at_scale(prefill, full.logits[:, :PREFILL], TOL)
+    assert_close_at_scale(torch.cat(steps, 1), full.logits[:, PREFILL:], TOL)
 
 
 @pytest.mark.parametrize("model_type", MODEL_TYPES)
@@ -78,8 +79,8 @@ def test_left_padding_changes_no_real_token(model_type):
         padded = model(ids, attention_mask=mask, use_cache=False).logits
         alone = model(ids[:1, pad:], use_cache=False).logits
         full = model(ids[1:], use_cache=False).logits
-    torch.testing.assert_close(padded[:1, pad:], alone, atol=ATOL, rtol=0)
-    torch.testing.assert_close(padded[1:], full, atol=ATOL, rtol=0)
+    assert_close_at_scale(padded[:1, pad:], alone, TOL)
+    assert_close_at_scale(padded[1:], full, TOL)
 
 
 def test_short_convolution_stand_in_is_the_causal_conv1d():
