@@ -11,6 +11,7 @@ from rotarium.layers import MIXERS, SoftmaxAttention
 from rotarium.models.configuration import CONFIGS
 from rotarium.models.modeling import FAMILY_MODELS
 from rotarium.training.flops import flops_per_token, peak_flops, weight_parameters
+from rotarium.training.state import LoopCounters
 from rotarium.training.trainer import StepResult, Trainer
 
 D, L, H, I, VOCAB, T, C = 32, 2, 2, 64, 320, 32, 64  # C: the chunk of the linear kernels
@@ -78,7 +79,7 @@ def _log_step(monkeypatch, peak):
     """``Trainer.log_step``'s record for a window of 2 steps of 1000 tokens that took 0.5 s, on 4 processes."""
     logged, postfix = [], {}
     trainer = types.SimpleNamespace(
-        _window=[2.0, 2.0], _window_start=0.0, tokens_per_step=1000, state={"tokens": 2000}, _data_wait=0.0,
+        _window=[2.0, 2.0], _window_start=0.0, tokens_per_step=1000, counters=LoopCounters(tokens=2000), _data_wait=0.0,
         _window_steps=2, flops_per_token=1e6, peak_flops=peak, accelerator=types.SimpleNamespace(num_processes=4),
         _bar=types.SimpleNamespace(set_postfix=lambda **kw: postfix.update(kw)), _log=logged.append)
     monkeypatch.setattr(time, "perf_counter", lambda: 0.5)
