@@ -18,7 +18,7 @@
    same run on a folder of 10M tokens. Target: at most 100 MB more.
 5. streaming: from process start to the first batch of a streaming run resumed at step 10 and at step 200 of a local
    JSON Lines stream of ``--stream-shards`` files (the embedded corpus, ``--stream-copies`` times; a BPE of 4096;
-   sequences of 512, 8 a step; the trainer's ``open_stream`` and ``prepare_data`` with its DataLoader workers, from
+   sequences of 512, 8 a step; the trainer's ``open_data_source`` and ``prepare_data`` with its DataLoader workers, from
    the position a run records at that step), each in a fresh process. Target: the ratio at most 1.5. The time to
    read and tokenise the stream from its start to step 200, which a resume cost before streams recorded their
    position, is printed beside it.
@@ -47,6 +47,7 @@ import numpy as np
 from common import best, paired_ratio, time_rounds, verdict  # beside this script, first on sys.path
 
 from rotarium.data import prepared as prepared_module
+from rotarium.data import prepared_reader, prepared_writer
 from rotarium.data.batches import BatchSchedule, save_array
 from rotarium.data.documents import embedded_documents
 from rotarium.data.loader import PreparedSequences
@@ -159,7 +160,7 @@ def random_folder(root: Path, tokens: int, validation_tokens: int = 1_000_000) -
             files = {}
             for name, array in zip(shard_files(split, len(shards)), (ids, offsets)):
                 save_array(out / name, array)
-                files[name] = prepared_module._file_record(out / name)
+                files[name] = prepared_writer._file_record(out / name)
             shards.append({"tokens": size, "documents": len(offsets) - 1, "files": files})
             left -= size
         splits[split] = {"tokens": total, "documents": sum(s["documents"] for s in shards), "shards": shards}
@@ -171,7 +172,7 @@ def random_folder(root: Path, tokens: int, validation_tokens: int = 1_000_000) -
               "tokenizer": {"folder": prepared_module.TOKENIZER, "sha256": tokenizer_fingerprint(tokenizer),
                             "vocab_size": len(tokenizer), "bos_id": None, "eos_id": tokenizer.eos_token_id},
               "splits": splits}
-    record["fingerprint"] = prepared_module._corpus_fingerprint(record)
+    record["fingerprint"] = prepared_reader.corpus_fingerprint(record)
     write_json_atomic(out / prepared_module.METADATA, record)
     return out
 
@@ -180,13 +181,14 @@ def random_folder(root: Path, tokens: int, validation_tokens: int = 1_000_000) -
 RESUME_CHILD = """
 import sys, time
 from pathlib import Path
-from rotarium.training.build import open_prepared, prepare_data
+from rotarium.training.build import loader_settings, open_data_source, prepare_data
 from rotarium.training.config import load_config
 folder, step, cache, seq_len, batch_size = sys.argv[1], int(sys.argv[2]), Path(sys.argv[3]), *sys.argv[4:]
 imported = time.perf_counter()
 config = load_config(None, {"data.source": folder, "data.seq_len": seq_len, "train.batch_size": batch_size})
-corpus = open_prepared(config)
-data = prepare_data(config, corpus.load_tokenizer(), 1, 0, step, None, prepared=corpus, order_cache=cache)
+source = open_data_source(config, 1)
+data = prepare_data(config, source.prepared.load_tokenizer(), source, loader_settings(config, 1, order_cache=cache))
+data.train.restore(step, {})
 batch = data.train.batch(step, 0)
 assert batch["input_ids"].shape == (1, int(seq_len) * int(batch_size))
 print(f"data {time.perf_counter() - imported:.6f}", flush=True)
@@ -303,14 +305,14 @@ def memory_row(args: argparse.Namespace, work: Path) -> bool:
 STREAM_CHILD = """
 import json, sys, time
 from rotarium.data.tokenizer import load_tokenizer
-from rotarium.training.build import open_stream, prepare_data
+from rotarium.training.build import loader_settings, open_data_source, prepare_data
 from rotarium.training.config import load_config
-source, tokenizer, step, state, seq_len, batch_size = sys.argv[1:]
+source, tokenizer, step, position, seq_len, batch_size = sys.argv[1:]
 imported = time.perf_counter()
 config = load_config(None, {"data.source": source, "data.streaming": "true", "data.seq_len": seq_len,
                             "data.validation_documents": "100", "train.batch_size": batch_size})
-data = prepare_data(config, load_tokenizer(tokenizer), 1, 0, int(step), None, stream=open_stream(config, 1),
-                    stream_state=json.loads(open(state).read()))
+data = prepare_data(config, load_tokenizer(tokenizer), open_data_source(config, 1), loader_settings(config, 1))
+data.train.restore(int(step), json.loads(open(position).read()))
 batch = data.train.batch(int(step), 0)
 assert batch["input_ids"].shape == (1, int(seq_len) * int(batch_size))
 print(f"data {time.perf_counter() - imported:.6f}", flush=True)
@@ -322,7 +324,7 @@ def streaming_row(args: argparse.Namespace, work: Path) -> bool:
     """Process start to the first batch of a streaming run resumed at step 10 and at step 200."""
     import time
 
-    from rotarium.training.build import open_stream, prepare_data
+    from rotarium.training.build import loader_settings, open_data_source, prepare_data
     from rotarium.training.config import load_config
 
     documents = [f"{copy} {text}" for copy in range(args.stream_copies) for text in embedded_documents()]
@@ -342,12 +344,12 @@ def streaming_row(args: argparse.Namespace, work: Path) -> bool:
     config = load_config(None, {"data.source": str(folder), "data.streaming": "true", "data.seq_len": STREAM_SEQ_LEN,
                                 "data.validation_documents": 100, "train.batch_size": BATCH,
                                 "data.num_workers": 0})  # tokenising on this thread, as a resume replayed it
-    data = prepare_data(config, tokenizer, 1, 0, 0, None, stream=open_stream(config, 1))
+    data = prepare_data(config, tokenizer, open_data_source(config, 1), loader_settings(config, 1))
     states, started = {}, time.perf_counter()
     for step in range(max(STREAM_STEPS) + 1):
         if step in STREAM_STEPS:
             states[step] = work / f"state-{step}.json"
-            states[step].write_text(json.dumps(data.train.state()))
+            states[step].write_text(json.dumps(data.train.position(step)))
             if step == max(STREAM_STEPS):
                 replay = time.perf_counter() - started
         data.train.batch(step, 0)
@@ -372,7 +374,7 @@ def streaming_row(args: argparse.Namespace, work: Path) -> bool:
     print(f"## streaming: {len(documents):,} documents in {args.stream_shards} JSON Lines shards, sequences of "
           f"{STREAM_SEQ_LEN}, {BATCH} a step, 2 DataLoader workers, {args.repeats} rounds")
     for step in STREAM_STEPS:
-        position = json.loads(states[step].read_text())["position"]
+        position = json.loads(states[step].read_text())["processes"][0]["position"]
         print(f"step {step}: at shard {position[1]} of {args.stream_shards}, {times[step]:.2f} s from process start "
               f"to the first batch, {min(data_seconds[step][1:]) * 1e3:.0f} ms of it after the imports")
     ratio = paired_ratio(samples[last], samples[first])

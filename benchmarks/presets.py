@@ -333,7 +333,7 @@ def numerics_row(preset: str, option: str, scale: Scale) -> dict:
     from rotarium.data.documents import iter_documents
     from rotarium.data.tokenizer import train_bpe
     from rotarium.training.build import build_model as build_run_model
-    from rotarium.training.build import prepare_data
+    from rotarium.training.build import loader_settings, open_data_source, prepare_data
     from rotarium.training.config import load_config, recipe_names
     from rotarium.training.optim import build_optimizer, clip_norm, set_learning_rate
 
@@ -350,7 +350,7 @@ def numerics_row(preset: str, option: str, scale: Scale) -> dict:
     config = load_config(recipe, overrides)
     documents = list(iter_documents(config.data))
     tokenizer = train_bpe(documents, config.tokenizer.vocab_size)
-    data = prepare_data(config, tokenizer, world=1, rank=0, start_step=0, documents=documents)
+    data = prepare_data(config, tokenizer, open_data_source(config, 1), loader_settings(config, 1), documents)
     torch.manual_seed(config.train.seed)
     model = build_run_model(config, tokenizer)
     model.train()
