@@ -11,7 +11,6 @@ from rotarium.layers.mlp import SwiGLU, default_intermediate_size
 from rotarium.layers.norm import HeadRMSNorm, RMSNorm
 from rotarium.layers.positional import (
     POSITION_ENCODINGS,
-    RENAMED,
     MixerSpec,
     PositionalEncoding,
     PositionalOutput,
@@ -26,7 +25,6 @@ from rotarium.layers.state import (
     RotaryState,
     SelectiveRoPEState,
 )
-from rotarium.utils.deprecation import renamed_module_attributes
 
 # Each family's token mixer, under the family's name (its config's `family`). The layers cannot see the configs
 # and models above them, so a family registers its mixer here and `rotarium.models.modeling.FAMILY_MODELS` holds
@@ -37,10 +35,6 @@ MIXERS: dict[str, type[nn.Module]] = {
     "deltanet": DeltaNet,
     "transformer": TransformerAttention,
 }
-
-
-# earlier names, kept with a warning (docs/design.md §6 lists the renames)
-__getattr__ = renamed_module_attributes(__name__, RENAMED, globals())
 
 
 def build_mixer(family: str, **kwargs) -> nn.Module:

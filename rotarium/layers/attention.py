@@ -21,7 +21,6 @@ from rotarium.layers.state import AttentionState, KVCache
 from rotarium.ops import forgetting_attn_with_cache, parallel_forgetting_attn
 from rotarium.ops.cumsum import segment_cumsum
 from rotarium.ops.forgetting_attn import eager_forgetting_attn
-from rotarium.utils.deprecation import warn_renamed
 
 
 class SoftmaxAttention(nn.Module):
@@ -128,12 +127,6 @@ class SoftmaxAttention(nn.Module):
         out = self.o_proj(o.reshape(B, T, -1))
         new_state = AttentionState(cache, enc.state) if use_cache else None
         return (out, new_state, weights) if output_attentions else (out, new_state)
-
-
-    @property
-    def output_gate(self) -> bool:  # the earlier name, kept with a warning (docs/design.md §6)
-        warn_renamed("output_gate", "sigmoid_output_gate")
-        return self.sigmoid_output_gate
 
 
 class ForgettingAttention(SoftmaxAttention):

@@ -27,7 +27,6 @@ from rotarium.ops import (
 )
 from rotarium.ops.gla.chunk import CHUNK_SIZE
 from rotarium.ops.l2norm import l2norm
-from rotarium.utils.deprecation import renamed_method, warn_renamed
 
 # The most tokens a mixer continuing from a state hands to the step-wise kernels: past one chunk, the chunked kernels
 # compute the same recurrence faster than a loop over time.
@@ -149,15 +148,6 @@ class LinearAttentionMixer(nn.Module):
         if not torch.is_grad_enabled():
             return True
         return not any(t is not None and t.requires_grad for t in (enc.q, enc.k, enc.v, recurrent, *gates))
-
-
-    # earlier names, kept with a warning (docs/design.md §6)
-    decoding = staticmethod(renamed_method("decoding", runs_step_wise.__func__))
-
-    @property
-    def output_gate(self) -> bool:
-        warn_renamed("output_gate", "silu_output_gate")
-        return self.silu_output_gate
 
 
 class GatedLinearAttention(LinearAttentionMixer):

@@ -34,7 +34,6 @@ from rotarium.ops.cumsum import segment_cumsum
 from rotarium.ops.l2norm import head_l2norm_and_linear
 from rotarium.ops.rotary import rotate_adjacent_pairs, rotate_half_pairs
 from rotarium.ops.utils import plain_linear
-from rotarium.utils.deprecation import renamed_module_attributes
 
 SPECTRA = ("rope", "rfa")
 # transformers' RoPE scalings; "default" (or no `rope_parameters`) is unscaled RoPE
@@ -697,7 +696,3 @@ class SelectiveRoPE(PositionalEncoding):
 POSITION_ENCODINGS = tuple(PositionalEncoding.registry)
 ROPE_FREQUENCY_ENCODINGS = tuple(name for name, option in PositionalEncoding.registry.items()
                                  if option.rope_scaling_refusal is None)
-
-# earlier names, kept with a warning (docs/design.md §6 lists the renames); rotarium.layers answers them too
-RENAMED = {"HeadDims": "MixerSpec", "Encoded": "PositionalOutput"}
-__getattr__ = renamed_module_attributes(__name__, RENAMED, globals())

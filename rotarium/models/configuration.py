@@ -30,7 +30,6 @@ from rotarium.layers.positional import (
     rope_fields_in,
     rope_type_of,
 )
-from rotarium.utils.deprecation import renamed_method, warn_renamed
 
 # What every preset shares: untied embeddings, the Llama-2 / Mistral vocabulary, 24 layers.
 PRESET_BASE: dict[str, Any] = {"vocab_size": 32000, "num_hidden_layers": 24, "tie_word_embeddings": False}
@@ -270,14 +269,6 @@ class RotariumConfig(PretrainedConfig):
                                   {"rope_type", "short_factor", "long_factor", "original_max_position_embeddings"},
                                   {"rope_theta", "attention_factor", "factor", "partial_rotary_factor"},
                                   ignore_keys=ignore_keys)
-
-    # earlier names, kept with a warning (docs/design.md §6 lists the renames)
-    check_field_names = classmethod(renamed_method("check_field_names", validate_field_names.__func__))
-    check_options = classmethod(renamed_method("check_options", validate_options.__func__))
-
-    def check(self) -> None:
-        warn_renamed("check", "validate_fields")
-        self.validate_fields()
 
     def validate_fields(self) -> None:
         """Raises ``ValueError`` naming the first field that cannot work."""

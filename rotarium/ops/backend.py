@@ -22,8 +22,6 @@ from dataclasses import dataclass
 
 import torch
 
-from rotarium.utils.deprecation import renamed_module_attributes
-
 BACKENDS = ("auto", "torch", "fla")
 ENV_VAR = "ROTARIUM_OPS_BACKEND"
 
@@ -234,7 +232,3 @@ def count_dispatches() -> Iterator[Counter]:
         yield counter
     finally:
         _active_counters.remove(counter)
-
-
-# the earlier name, kept with a warning (docs/design.md §6 lists the renames)
-__getattr__ = renamed_module_attributes(__name__, {"dispatch": "record_backend"}, globals())

@@ -18,7 +18,6 @@ import yaml
 from rotarium.data.config import DEFAULT_SEED, DataSection
 from rotarium.layers.positional import POSITION_ENCODINGS
 from rotarium.models.modeling import FAMILY_MODELS
-from rotarium.utils.deprecation import renamed_module_attributes
 
 
 @dataclass
@@ -352,6 +351,3 @@ def parse_overrides(tokens: list[str]) -> dict[str, str]:
         out[key.replace("-", "_")] = value
     return out
 
-
-# the earlier name, kept with a warning (docs/design.md §6 lists the renames)
-__getattr__ = renamed_module_attributes(__name__, {"check_model_options": "validate_model_options"}, globals())
