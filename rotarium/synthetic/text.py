@@ -58,8 +58,12 @@ DEFAULTS = {"train.max_steps": 100, "train.save_every": 50, "train.eval_every": 
 CSV_FIELDS = ("family", "position", "seed", "rope_scaling", "context_length", "loss", "perplexity", "windows",
               "tokens", "train_length", "train_tokens", "steps", "batch_size", "lr", "num_layers", "hidden_size",
               "num_heads", "parameters", "train_seconds", "eval_seconds", "vocab_size", "settings")
+# Each score with its 95% interval over the samples (Wilson's; the bootstrap's for the NLL) and the prompts' realised
+# lengths, as `rotarium eval --ruler` reports them.
+RULER_INTERVALS = tuple(f"{score}_{end}" for score in ("score", "answer_nll", "exact_match") for end in ("low", "high"))
 RULER_FIELDS = ("family", "position", "seed", "rope_scaling", "task", "context_length", "samples", "score",
-                "answer_nll", "exact_match", "train_length", "vocab_size", "settings")
+                "answer_nll", "exact_match", *RULER_INTERVALS, "prompt_tokens_min", "prompt_tokens_mean",
+                "prompt_tokens_max", "train_length", "vocab_size", "settings")
 # A whole run's training over its steps at the probe's pace: the checkpoints, the validation at the start and the
 # end, tokenising the corpus.
 RUN_OVER_PROBE = 1.3
@@ -168,7 +172,9 @@ def read_rows(path: Path) -> list[dict[str, Any]]:
 
 def read_ruler_rows(path: Path) -> list[dict[str, Any]]:
     return read_csv_rows(path, ints=("seed", "context_length", "samples", "train_length"),
-                         floats=("score", "answer_nll", "exact_match"), optional_floats=("vocab_size",))
+                         floats=("score", "answer_nll", "exact_match"),
+                         optional_floats=("vocab_size", *RULER_INTERVALS, "prompt_tokens_min", "prompt_tokens_mean",
+                                          "prompt_tokens_max"))  # absent from older CSVs
 
 
 def shared_tokenizer(overrides: dict[str, Any], folder: Path) -> Path:
@@ -547,7 +553,9 @@ def _ruler_section(ruler_rows: list[dict[str, Any]], families: list[str], L: int
     out = ["### RULER", "",
            ("Each run answers the same samples (RULER's seed 42, the shared tokenizer; a task only at the lengths its "
             "prompt fits). Cells: the answer's negative log-likelihood per token under teacher forcing, median over "
-            "seeds [min-max], then RULER's score (% of gold answers in the greedy generation, median over seeds)."),
+            "seeds [min-max], then RULER's score (% of gold answers in the greedy generation, median over seeds). "
+            "Each run's 95% intervals over its samples (Wilson's for the score, the bootstrap's for the NLL) and the "
+            "prompts' realised lengths are in ruler.csv."),
            ""]
     columns = _columns(ruler_rows)
     for task in dict.fromkeys(r["task"] for r in ruler_rows):

@@ -113,6 +113,9 @@ def test_yarn_and_ruler_are_scored_per_run_and_a_rerun_trains_nothing(corpus, tm
         ("nope", "", "niah_single_1", 1024), ("rove", "", "niah_single_1", 1024),
         ("rove", "yarn", "niah_single_1", 1024)]
     assert all(r["samples"] == 2 and r["answer_nll"] > 0 and 0 <= r["score"] <= 1 for r in ruler)
+    # each score with its 95% interval over the samples, as `rotarium eval --ruler` reports it
+    assert all(r[f"{s}_low"] <= r[s] <= r[f"{s}_high"] for r in ruler for s in ("score", "answer_nll", "exact_match"))
+    assert all(0 < r["prompt_tokens_min"] <= r["prompt_tokens_max"] <= 1024 for r in ruler)
     assert {r["vocab_size"] for r in ruler} == {r["vocab_size"] for r in rows} != {None}
     table = (tmp_path / "out" / "extrapolation.md").read_text()
     assert "| family | nope | rove | rove+yarn |" in table and "**niah_single_1**" in table
