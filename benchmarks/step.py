@@ -1,0 +1,191 @@
+"""A training step of the 370M presets' layers on CPU, every family beside transformers' Llama of the same shape.
+
+What a user waits for is the step, not the token mixer: the projections, the MLP, the norms, the head and the glue
+around the kernels all count. Each contender is the preset's width, heads, MLP and 32k vocabulary at a depth that
+keeps a round short (``--layers``), batch 1, one forward and backward of the causal-LM loss; transformers'
+``LlamaForCausalLM`` has the Transformer preset's shape. Every contender of a length is timed in the same
+round-robin rounds (benchmarks/common.py) and compared with Llama round by round.
+
+Targets (each printed with PASS/FAIL):
+
+- our Transformer <= 1.0x Llama at every length (the same architecture);
+- GLA and DeltaNet <= 1.0x Llama at 512, <= 0.85x at 2048, <= 0.6x at 8192 (only the token mixer differs);
+- FoX <= 1.1x Llama at every length;
+- Selective RoPE <= 1.1x the same family with RoPE;
+- the chunked cross-entropy head (never holding the ``[tokens, vocab]`` logits) <= 1.05x the time of the full
+  logits (its memory: benchmarks/lm_head.py).
+
+``--busy N`` times the same rounds again with N other processes running Llama's step on the machine (how most
+users run) and prints how much each contender slows down against Llama. ``--profile`` prints where a step's time
+goes (forward and backward separately, per family) instead of timing.
+
+``python benchmarks/step.py [--lengths 512,2048,8192] [--layers 4] [--repeats 3] [--busy 1] [--profile]``
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+from common import best, paired_ratio, time_rounds, verdict  # beside this script, first on sys.path
+
+from rotarium.configs.presets import preset_config
+from rotarium.models import CONFIGS, FAMILY_MODELS
+
+LLAMA = "llama (transformers)"
+POSITIONS = ("rope", "selective_rope")
+# a family's target against Llama at each length; the rest of the step is the same FLOPs, only the mixer differs
+LINEAR_TARGETS = {512: 1.0, 2048: 0.85, 8192: 0.6}
+TARGETS: dict[str, Callable[[int], float]] = {
+    "transformer": lambda length: 1.0,
+    "fox": lambda length: 1.1,
+    "gla": lambda length: LINEAR_TARGETS.get(length, 1.0),
+    "deltanet": lambda length: LINEAR_TARGETS.get(length, 1.0),
+}
+SELECTIVE_OVER_ROPE = 1.1
+CHUNKED_OVER_FULL = 1.05
+
+
+def config(family: str, position: str, layers: int):
+    return preset_config(f"{family}-370m", num_hidden_layers=layers, position_encoding=position)
+
+
+def build(family: str, position: str, layers: int) -> torch.nn.Module:
+    torch.manual_seed(0)
+    return FAMILY_MODELS[family].lm(config(family, position, layers)).train()
+
+
+def llama(layers: int) -> torch.nn.Module:
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    ours = config("transformer", "rope", layers)
+    torch.manual_seed(0)
+    return LlamaForCausalLM(LlamaConfig(
+        vocab_size=ours.vocab_size, hidden_size=ours.hidden_size, num_hidden_layers=layers,
+        num_attention_heads=ours.num_heads, intermediate_size=ours.intermediate_size,
+        tie_word_embeddings=ours.tie_word_embeddings, attn_implementation="sdpa")).train()
+
+
+def training_step(model: torch.nn.Module, length: int, **forward: object) -> Callable[[], None]:
+    ids = torch.randint(0, model.config.vocab_size, (1, length), generator=torch.Generator().manual_seed(0))
+
+    def step() -> None:
+        model(input_ids=ids, labels=ids, **forward).loss.backward()
+        model.zero_grad(set_to_none=True)
+
+    return step
+
+
+def contenders(length: int, layers: int) -> dict[str, Callable[[], None]]:
+    steps = {f"{family}/{position}": training_step(build(family, position, layers), length)
+             for family in CONFIGS for position in POSITIONS}
+    steps["transformer/rope, full logits"] = training_step(build("transformer", "rope", layers), length,
+                                                           return_logits=True)
+    steps[LLAMA] = training_step(llama(layers), length)
+    return steps
+
+
+def ratios(samples: dict[str, list[float]]) -> dict[str, float]:
+    return {name: paired_ratio(times, samples[LLAMA]) for name, times in samples.items() if name != LLAMA}
+
+
+def report(length: int, samples: dict[str, list[float]]) -> bool:
+    """The table of one length and its targets; True when every target passes."""
+    seconds, against = best(samples), ratios(samples)
+    print(f"\n## T = {length}\n\n| contender | step (s) | tokens/s | / Llama |\n|---|---:|---:|---:|")
+    for name, value in seconds.items():
+        print(f"| {name} | {value:.3f} | {length / value:,.0f} | "
+              f"{'1.00' if name == LLAMA else f'{against[name]:.2f}x'} |")
+    checks = []
+    for family in CONFIGS:
+        target = TARGETS[family](length)
+        checks.append((f"{family}/rope <= {target:.2f}x Llama", against[f"{family}/rope"], target))
+        selective = paired_ratio(samples[f"{family}/selective_rope"], samples[f"{family}/rope"])
+        checks.append((f"{family}: Selective RoPE <= {SELECTIVE_OVER_ROPE}x RoPE", selective, SELECTIVE_OVER_ROPE))
+    chunked = paired_ratio(samples["transformer/rope"], samples["transformer/rope, full logits"])
+    checks.append((f"chunked head <= {CHUNKED_OVER_FULL}x full logits", chunked, CHUNKED_OVER_FULL))
+    print()
+    for text, value, target in checks:
+        print(f"{text}: {value:.2f} {verdict(value <= target)}")
+    return all(value <= target for _, value, target in checks)
+
+
+def busy_processes(count: int, length: int, layers: int) -> list[subprocess.Popen]:
+    """``count`` processes running Llama's step at ``length`` until killed."""
+    command = [sys.executable, str(Path(__file__).resolve()), "--burn", str(length), "--layers", str(layers)]
+    return [subprocess.Popen(command, stdout=subprocess.DEVNULL) for _ in range(count)]
+
+
+def burn(length: int, layers: int) -> None:
+    step = training_step(llama(layers), length)
+    while True:
+        step()
+
+
+def profile(length: int, layers: int, rows: int) -> None:
+    """Per family (RoPE) and Llama: the operators taking the most self time, forward and backward apart."""
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as profiler
+
+    models = {f"{family}/rope": build(family, "rope", layers) for family in CONFIGS}
+    models[LLAMA] = llama(layers)
+    ids = torch.randint(0, 32000, (1, length), generator=torch.Generator().manual_seed(0))
+    for name, model in models.items():
+        model(input_ids=ids, labels=ids).loss.backward()  # warm-up
+        model.zero_grad(set_to_none=True)
+        with profiler(activities=[ProfilerActivity.CPU]) as forward:
+            loss = model(input_ids=ids, labels=ids).loss
+        with profiler(activities=[ProfilerActivity.CPU]) as backward:
+            loss.backward()
+        model.zero_grad(set_to_none=True)
+        for part, recorded in (("forward", forward), ("backward", backward)):
+            print(f"\n## {name}, {part}, T = {length}\n")
+            print(recorded.key_averages().table(sort_by="self_cpu_time_total", row_limit=rows))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--lengths", default="512,2048,8192", help="comma-separated sequence lengths")
+    parser.add_argument("--layers", type=int, default=4, help="depth of every contender (the presets': 24)")
+    parser.add_argument("--repeats", type=int, default=3, help="round-robin rounds per length")
+    parser.add_argument("--busy", type=int, default=0, help="also time with this many busy processes beside")
+    parser.add_argument("--profile", action="store_true", help="print profiles instead of timing")
+    parser.add_argument("--profile-rows", type=int, default=15)
+    parser.add_argument("--burn", type=int, default=0, help=argparse.SUPPRESS)  # a busy process's length
+    args = parser.parse_args()
+    if args.burn:
+        return burn(args.burn, args.layers)
+    lengths = [int(x) for x in args.lengths.split(",")]
+    print(f"the 370M presets' layers x {args.layers}, batch 1, float32, {torch.get_num_threads()} threads, "
+          f"{os.cpu_count()} CPUs, {torch.backends.cpu.get_cpu_capability()}")
+    if args.profile:
+        for length in lengths:
+            profile(length, args.layers, args.profile_rows)
+        return
+    passed = True
+    for length in lengths:
+        steps = contenders(length, args.layers)
+        idle = time_rounds(steps, args.repeats)
+        passed &= report(length, idle)
+        if args.busy:
+            others = busy_processes(args.busy, length, args.layers)
+            try:
+                busy = time_rounds(steps, args.repeats)
+            finally:
+                for process in others:
+                    process.kill()
+            print(f"\nWith {args.busy} busy process(es) running Llama's step beside: each contender's ratio to "
+                  "Llama, busy over idle (above 1: it suffers more from the shared machine than Llama)\n")
+            print("| contender | / Llama idle | / Llama busy | busy / idle |\n|---|---:|---:|---:|")
+            for name, value in ratios(busy).items():
+                print(f"| {name} | {ratios(idle)[name]:.2f}x | {value:.2f}x | {value / ratios(idle)[name]:.2f} |")
+        del steps
+    print(f"\nall targets: {verdict(passed)}")
+
+
+if __name__ == "__main__":
+    main()
