@@ -14,12 +14,14 @@ On a GPU everything is accelerate's own. Without an accelerator two things need 
 from __future__ import annotations
 
 import os
+import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import torch
 
 from rotarium.training.config import TrainSection
+from rotarium.utils.devices import BF16_MATMUL_FLAGS, cpu_bf16_matmul, read_cpuinfo
 
 if TYPE_CHECKING:
     from accelerate import Accelerator
@@ -39,6 +41,22 @@ def resolve_precision(mixed_precision: str) -> str:
     return "bf16" if torch.cuda.is_available() and torch.cuda.is_bf16_supported() else "no"
 
 
+def report_cpu_bf16(cpuinfo: str | None) -> None:
+    """For ``train.mixed_precision: bf16`` on a CPU whose flags are ``cpuinfo`` (the text of /proc/cpuinfo, None
+    where there is none): prints which bf16 matmul instructions the run's autocast uses, or warns where the CPU has
+    none, since autocast then makes a step slower than in float32, not faster."""
+    instructions = cpu_bf16_matmul(cpuinfo)
+    if instructions is not None:
+        print(f"bf16 autocast on CPU: {instructions} matmul")
+        return
+    known = " or ".join(f"{name} ({flag})" for flag, name in BF16_MATMUL_FLAGS.items())
+    found = "its flags in /proc/cpuinfo show none" if cpuinfo is not None else "no /proc/cpuinfo to tell"
+    warnings.warn(f"train.mixed_precision bf16 on a CPU without bf16 matmul instructions ({known}; {found}): "
+                  f"PyTorch then converts the bf16 operands of every matmul to float32 and the results back, so a "
+                  f"step is slower than in float32, not faster; `--train.mixed_precision no` trains in float32",
+                  RuntimeWarning, stacklevel=3)
+
+
 def fsdp_requested() -> bool:
     return os.environ.get("ACCELERATE_USE_FSDP", "false").lower() in ("1", "true")
 
@@ -51,6 +69,8 @@ def make_accelerator(train: TrainSection, project_dir: str | os.PathLike) -> Acc
     on_cpu = not has_accelerator()
     accelerator = Accelerator(mixed_precision=precision, log_with=train.report_to or None,
                               project_dir=str(Path(project_dir)), cpu=on_cpu)
+    if on_cpu and precision == "bf16" and accelerator.is_main_process:
+        report_cpu_bf16(read_cpuinfo())
     if on_cpu and fsdp_requested() and accelerator.num_processes > 1:
         _enable_fsdp_on_cpu(accelerator, precision)
     return accelerator
