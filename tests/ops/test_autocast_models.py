@@ -4,15 +4,24 @@ On a GPU the mixers hand q, k and v to fla's kernels, which need one dtype for t
 own layers give them) and float32 gates; a float32 tensor beside bfloat16 ones fails there or silently runs the
 slow path. So the test records what each op receives, and checks that the model's loss and gradients under autocast
 stay within bfloat16 rounding of the float32 ones.
+
+What bfloat16's 8 bits of mantissa cannot hold stays float32 under autocast, as in fla's kernels: the recurrent
+state, the cumulative decays and phases (sums over thousands of tokens), softmax statistics and norms. The test
+records the dtype of every exponential, logarithm, cumulative sum, softmax and norm statistic the forward and backward
+run, and of the decoding states the mixers hand back.
 """
 from __future__ import annotations
 
+import collections
+import dataclasses
 import functools
 
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from rotarium.layers import attention, linear_attention
+from rotarium.layers.state import DecodingState, KVCache
 from rotarium.models import FAMILY_MODELS
 from tests.models.helpers import COMBINATIONS, tiny_config
 
@@ -22,6 +31,44 @@ OPS = {
     attention: ("parallel_forgetting_attn", "forgetting_attn_with_cache"),
 }
 GATES = ("g", "gk", "beta")
+# aten ops whose results bfloat16 would round past use: exponentials and logarithms of gates and scores, cumulative
+# sums, softmax and its statistics, and the statistics of norms
+PRECISE = ("exp", "exp_", "log", "log_", "log_sigmoid_forward", "softplus", "cumsum", "cumsum_", "logcumsumexp",
+           "_softmax", "_log_softmax", "logsumexp", "rsqrt", "rsqrt_", "pow", "mean", "sin", "cos")
+
+
+class PreciseOps(TorchDispatchMode):
+    """Counts the calls of :data:`PRECISE` ops by the dtypes of their floating-point inputs (below autocast, so
+    what each op actually runs in)."""
+
+    def __init__(self):
+        super().__init__()
+        self.calls: collections.Counter[tuple[str, tuple[torch.dtype, ...]]] = collections.Counter()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        name = func.overloadpacket.__name__
+        if name in PRECISE:
+            dtypes = tuple(sorted({a.dtype for a in args if isinstance(a, torch.Tensor) and a.is_floating_point()},
+                                  key=str))
+            self.calls[name, dtypes] += 1
+        return func(*args, **(kwargs or {}))
+
+
+def state_tensors(value, name: str = "state") -> dict[str, torch.Tensor]:
+    """Every tensor of a decoding state (:mod:`rotarium.layers.state`) by its path."""
+    if isinstance(value, torch.Tensor):
+        return {name: value}
+    if isinstance(value, KVCache):
+        fields = {"keys": value.keys, "values": value.values, "log_decay_cumsum": value.log_decay_cumsum}
+    elif isinstance(value, DecodingState):
+        fields = {f.name: getattr(value, f.name) for f in dataclasses.fields(value)}
+    else:
+        return {}
+    return {path: t for key, field in fields.items() for path, t in state_tensors(field, f"{name}.{key}").items()}
+
+
+# the fields of the decoding states that accumulate over the sequence
+ACCUMULATED = ("recurrent", "theta", "log_decay_cumsum")
 
 
 @pytest.fixture
@@ -65,13 +112,33 @@ def loss_and_grads(model, ids, autocast: bool):
     return loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
 
 
+def autocast_states(model, ids) -> dict[str, torch.Tensor]:
+    """The decoding states of every layer after a forward of ``ids`` under bfloat16 autocast."""
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        cache = model(input_ids=ids, use_cache=True).past_key_values
+    return {f"layer {i}.{path}": t for i, layer in enumerate(cache.layers)
+            for path, t in state_tensors(layer.state).items()}
+
+
 @pytest.mark.parametrize(("family", "position_encoding"), COMBINATIONS)
 def test_bf16_autocast_hands_the_ops_one_dtype_and_stays_close_to_float32(family, position_encoding, received):
     model = model_for(family, position_encoding)
     ids = torch.randint(2, 61, (2, 40), generator=torch.Generator().manual_seed(1))
     loss_fp32, grads_fp32 = loss_and_grads(model, ids, autocast=False)
     received.clear()
-    loss_bf16, grads_bf16 = loss_and_grads(model, ids, autocast=True)
+    with PreciseOps() as precise:
+        loss_bf16, grads_bf16 = loss_and_grads(model, ids, autocast=True)
+
+    assert precise.calls, "no exponential, cumulative sum or norm was recorded"
+    in_bf16 = {call: n for call, n in precise.calls.items() if torch.bfloat16 in call[1]}
+    assert not in_bf16, f"ran in bfloat16 under autocast: {in_bf16}"
+    states = autocast_states(model, ids)
+    accumulated = {path: t.dtype for path, t in states.items() if path.rsplit(".", 1)[-1] in ACCUMULATED}
+    assert all(dtype == torch.float32 for dtype in accumulated.values()), accumulated
+    if family in ("gla", "deltanet"):
+        assert any(path.endswith(".recurrent") for path in accumulated), states.keys()
+    if position_encoding == "selective_rope":
+        assert any(path.endswith(".theta") for path in accumulated), states.keys()
 
     assert received, "no mixer op was called"
     for op, dtypes in received:
