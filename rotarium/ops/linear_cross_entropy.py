@@ -6,6 +6,10 @@ gradients of the input and of the projection; the chunk's logits are then droppe
 ``[tokens, vocab]`` is ever held, at the price of computing the gradients during the forward (the backward only
 scales them by the incoming gradient), which is why this runs only where gradients are wanted or when asked.
 On CUDA with fla it runs fla's Triton kernel of the same signature.
+
+Under autocast (accelerate's bf16 mixed precision) the three products of each chunk run in the autocast dtype, the
+weight cast once for all of them, and the weight's gradient sums the chunks' products in float32: the products
+autocast would give a linear layer, while the softmax, the loss and the sums stay float32.
 """
 from __future__ import annotations
 
@@ -15,6 +19,7 @@ import torch
 import torch.nn.functional as F
 
 from rotarium.ops.backend import FLA_KERNELS, record_backend, use_fla
+from rotarium.ops.utils import _autocast_enabled
 
 REDUCTIONS = ("mean", "sum")
 
@@ -33,13 +38,20 @@ class _LinearCrossEntropy(torch.autograd.Function):
         grad_bias = torch.zeros(V, dtype=torch.float32, device=weight.device) if needs_bias else None
         loss = torch.zeros((), dtype=torch.float32, device=x.device)
         chunk = max(1, math.ceil(N / num_chunks))
+        low = torch.get_autocast_dtype(x.device.type) if _autocast_enabled(x.device.type) else None
+        # without autocast the weight gradient is summed in place, with no [V, D] temporary per chunk; under it, each
+        # chunk's product goes through one low-precision [V, D] buffer (PyTorch's CPU matmul of bf16 factors cannot
+        # add into a float32 sum)
+        product = (torch.empty(weight.shape, dtype=low, device=weight.device)
+                   if low is not None and needs_weight else None)
+        w = weight if low is None else weight.to(low)
         for start in range(0, N, chunk):
             end = min(start + chunk, N)
             x_chunk, chunk_valid = x[start:end], valid[start:end]
             chunk_target = target[start:end].masked_fill(~chunk_valid, 0)
             # the previous chunk's logits are freed before this chunk's exist, not after
             z = grad_z = capped = None
-            z = F.linear(x_chunk, weight, bias).float()
+            z = F.linear(x_chunk, w, bias).float()
             if logit_scale != 1.0:
                 z.mul_(logit_scale)
             if logit_softcapping is not None:
@@ -71,8 +83,10 @@ class _LinearCrossEntropy(torch.autograd.Function):
             if logit_scale != 1.0:
                 grad_z.mul_(logit_scale)
             if grad_x is not None:
-                grad_x[start:end] = grad_z.to(weight.dtype) @ weight
-            if grad_weight is not None:  # in place: no [V, D] temporary per chunk
+                grad_x[start:end] = grad_z.to(w.dtype) @ w
+            if product is not None:
+                grad_weight += torch.mm(grad_z.t().to(low), x_chunk.to(low), out=product)
+            elif grad_weight is not None:
                 grad_weight.addmm_(grad_z.t(), x_chunk.to(grad_z.dtype))
             if grad_bias is not None:
                 grad_bias += grad_z.sum(0)
