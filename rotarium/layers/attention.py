@@ -4,7 +4,9 @@ named subclass for each family (:class:`TransformerAttention`, :class:`Forgettin
 FoX (Lin et al., ICLR 2025) is causal softmax attention with a per-head forget gate, ``logits + c_i - c_j`` with
 ``c = cumsum(log f)``; the Transformer is the same without the gate (Selective RoPE gives it one, on by default).
 Both run on :func:`rotarium.ops.parallel_forgetting_attn`, and on
-:func:`rotarium.ops.forgetting_attn_with_cache` when there are cached keys or padding.
+:func:`rotarium.ops.forgetting_attn_with_cache` when there are cached keys or padding. The kernels are imported
+from their own modules, not the ops packages (which also gather the naive references): an exported checkpoint ships
+what the model's modules import (:mod:`rotarium.models.remote_code`).
 """
 from __future__ import annotations
 
@@ -18,9 +20,10 @@ from rotarium.layers.norm import HeadRMSNorm, RMSNorm
 from rotarium.layers.positional import MixerSpec, PositionalSettings, build_positional
 from rotarium.layers.sequence import SequenceInfo
 from rotarium.layers.state import AttentionState, KVCache
-from rotarium.ops import forgetting_attn_with_cache, parallel_forgetting_attn
 from rotarium.ops.cumsum import segment_cumsum
-from rotarium.ops.forgetting_attn import eager_forgetting_attn
+from rotarium.ops.forgetting_attn.decoding import forgetting_attn_with_cache
+from rotarium.ops.forgetting_attn.eager import eager_forgetting_attn
+from rotarium.ops.forgetting_attn.parallel import parallel_forgetting_attn
 
 
 class SoftmaxAttention(nn.Module):

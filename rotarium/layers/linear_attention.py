@@ -2,7 +2,9 @@
 
 Both project q, k, v (optionally through SiLU short convolutions), hand them to the positional layer, run a
 recurrent kernel from :mod:`rotarium.ops`, rotate the outputs back (RoVE), normalise each head, optionally gate
-and project out. A family adds only its gates and its kernel call.
+and project out. A family adds only its gates and its kernel call. The kernels are imported from their own modules,
+not the ops packages (which also gather the naive references): an exported checkpoint ships what the model's
+modules import (:mod:`rotarium.models.remote_code`).
 """
 from __future__ import annotations
 
@@ -17,15 +19,10 @@ from rotarium.layers.norm import RMSNorm
 from rotarium.layers.positional import MixerSpec, PositionalOutput, PositionalSettings, build_positional
 from rotarium.layers.sequence import SequenceInfo
 from rotarium.layers.state import LinearAttentionState
-from rotarium.ops import (
-    chunk_delta_rule,
-    chunk_gated_delta_rule,
-    chunk_gla,
-    fused_recurrent_delta_rule,
-    fused_recurrent_gated_delta_rule,
-    fused_recurrent_gla,
-)
-from rotarium.ops.gla.chunk import CHUNK_SIZE
+from rotarium.ops.delta_rule.chunk import chunk_delta_rule, chunk_gated_delta_rule
+from rotarium.ops.delta_rule.fused_recurrent import fused_recurrent_delta_rule, fused_recurrent_gated_delta_rule
+from rotarium.ops.gla.chunk import CHUNK_SIZE, chunk_gla
+from rotarium.ops.gla.fused_recurrent import fused_recurrent_gla
 from rotarium.ops.l2norm import l2norm
 
 # The most tokens a mixer continuing from a state hands to the step-wise kernels: past one chunk, the chunked kernels

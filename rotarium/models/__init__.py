@@ -27,6 +27,7 @@ from rotarium.models.modeling import (
     TransformerModel,
     set_activation_checkpointing,
 )
+from rotarium.models.remote_code import prepare_save
 
 
 def register_auto_classes() -> None:
@@ -40,6 +41,9 @@ def register_auto_classes() -> None:
 
 
 register_auto_classes()
+# save_pretrained writes the self-contained model code; the bundler is handed to the models here rather than
+# imported by them, so that it is not part of the code it writes.
+RotariumPreTrainedModel.code_writer = staticmethod(prepare_save)
 
 __all__ = [
     "CONFIGS", "FAMILY_MODELS", "DeltaNetConfig", "DeltaNetForCausalLM", "DeltaNetModel", "FamilyClasses", "FoXConfig",

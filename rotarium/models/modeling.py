@@ -80,6 +80,11 @@ class RotariumPreTrainedModel(PreTrainedModel):
     supports_gradient_checkpointing = True
     _no_split_modules: ClassVar[list[str]] = ["Block"]
     _supports_cache_class = True
+    # Writes the model's own code and the `auto_map` beside the weights before transformers saves them: rotarium.models
+    # sets it to the bundler (rotarium.models.remote_code.prepare_save). The model's modules do not import the
+    # bundler, so an exported folder does not ship it; there it stays None, as transformers' custom_object_save
+    # copies the code of a model loaded from that code.
+    code_writer: ClassVar[Callable[..., None] | None] = None
 
     def _init_weights(self, module: nn.Module) -> None:
         """Every value of the model, set once: the models build their modules without values (:func:`built_empty`),
@@ -110,10 +115,8 @@ class RotariumPreTrainedModel(PreTrainedModel):
         """transformers' ``save_pretrained`` (``push_to_hub`` goes through it), plus a self-contained copy of the
         model code and an ``auto_map`` in ``config.json``: the folder also loads with
         ``AutoModelForCausalLM.from_pretrained(folder, trust_remote_code=True)`` where rotarium is not installed."""
-        from rotarium.models.remote_code import prepare_save  # the bundler reads source files: only saving needs it
-
-        if kwargs.get("is_main_process", True):
-            prepare_save(self.config, FAMILY_MODELS[self.config.family].class_names, save_directory)
+        if self.code_writer is not None and kwargs.get("is_main_process", True):
+            self.code_writer(self.config, FAMILY_MODELS[self.config.family].class_names, save_directory)
         return super().save_pretrained(save_directory, *args, **kwargs)
 
     def post_init(self) -> None:

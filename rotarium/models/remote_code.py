@@ -5,7 +5,10 @@ transformers copies a checkpoint's code files into its module cache and follows 
 installed, skipping imports inside ``try`` blocks. So the bundle is generated, never written by hand:
 
 - the modules the model needs are found by following rotarium's own import statements (eager and lazy) from
-  :data:`ROOTS`, and listed dependencies first (:func:`module_order`);
+  :data:`ROOTS`, and listed dependencies first (:func:`module_order`). For the bundle to be what the model's forward and
+  generate run and nothing else, the closure of those imports must hold only model code: the layers import each
+  kernel from its own module (not the ops packages, which also gather the naive references), and the models are
+  handed this bundler (``RotariumPreTrainedModel.code_writer``, set by :mod:`rotarium.models`) rather than import it;
 - each module is copied flat into the folder (``rotarium.ops.gla.chunk`` -> ``rotarium_ops_gla_chunk.py``; the
   two entry points take transformers' usual names, :data:`ENTRY_FILES`), with ``from rotarium.a.b import x``
   rewritten to ``from .rotarium_a_b import x``;
@@ -15,9 +18,8 @@ installed, skipping imports inside ``try`` blocks. So the bundle is generated, n
   CPU without fla and uses fla's kernels on CUDA where fla is installed.
 
 Because the bundle is built from the library's source files at save time, an exported folder cannot drift from
-the library that saved it. This module is part of the bundle too (the models' ``save_pretrained`` imports it);
-running from a bundle it does nothing, because transformers' own ``custom_object_save`` already copies the code
-of remote-code models it loaded.
+the library that saved it. A model loaded from an exported folder saves without this module: transformers' own
+``custom_object_save`` copies the code of remote-code models it loaded.
 """
 from __future__ import annotations
 
@@ -35,8 +37,6 @@ ROOTS = ("rotarium.models.configuration", "rotarium.models.modeling")
 ENTRY_FILES = {"rotarium.models.configuration": "configuration_rotarium.py",
                "rotarium.models.modeling": "modeling_rotarium.py"}
 OPTIONAL_PACKAGES = ("fla", "triton")
-# True when this file runs from rotarium itself, False inside an exported folder.
-IN_LIBRARY = __name__ == f"{PACKAGE}.models.remote_code"
 PACKAGE_DIR = Path(__file__).resolve().parents[1]
 
 
@@ -172,8 +172,6 @@ def rewrite(module: str) -> str:
 
 def bundle(roots: tuple[str, ...] = ROOTS) -> dict[str, str]:
     """File name -> source of every file of the self-contained model code, dependencies first."""
-    if not IN_LIBRARY:
-        raise RuntimeError("the bundle is built from rotarium's source files; this copy runs from an exported folder")
     return {flat_name(module): rewrite(module) for module in module_order(roots)}
 
 
@@ -185,9 +183,7 @@ def auto_map(config_class: str, model_class: str, lm_class: str) -> dict[str, st
 
 
 def write_remote_code(folder: str | os.PathLike) -> list[Path]:
-    """Writes the bundle into ``folder``; returns the files written (none when running from a bundle)."""
-    if not IN_LIBRARY:
-        return []
+    """Writes the bundle into ``folder``; returns the files written."""
     written = []
     for name, text in bundle().items():
         write_text_atomic(Path(folder) / name, text)
@@ -199,8 +195,6 @@ def prepare_save(config: Any, class_names: tuple[str, str, str], folder: str | o
     """Called by the models' ``save_pretrained`` before transformers writes the folder: sets ``config.auto_map``
     (so ``config.json`` carries it) and writes the code files, so that ``save_pretrained(..., push_to_hub=True)``
     and ``push_to_hub`` upload them too."""
-    if not IN_LIBRARY:
-        return
     try:
         write_remote_code(folder)
     except (OSError, ValueError, SyntaxError) as error:

@@ -14,6 +14,7 @@ from rotarium.cli import main
 from rotarium.hub import export as export_module
 from rotarium.hub import export_checkpoint, read_checkpoint
 from rotarium.hub.checkpoint import table_rows
+from rotarium.models.remote_code import bundle
 from tests.hub.helpers import make_checkpoint, write_run_outputs
 from tests.models.helpers import VOCAB
 
@@ -39,6 +40,7 @@ def test_export_folder_and_model_card(run, tmp_path):
     assert {"config.json", "model.safetensors", "generation_config.json", "README.md", "tokenizer.json",
             "tokenizer_config.json", "modeling_rotarium.py", "configuration_rotarium.py",
             "eval/perplexity.png"} <= names
+    assert {name for name in names if name.endswith(".py")} == set(bundle())  # the model code only
     config = json.loads((out / "config.json").read_text())
     assert config["auto_map"] == {"AutoConfig": "configuration_rotarium.GLAConfig",
                                   "AutoModel": "modeling_rotarium.GLAModel",

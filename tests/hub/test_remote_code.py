@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import ast
 import json
+import re
 import subprocess
 import sys
 
@@ -13,6 +14,10 @@ from rotarium.models import remote_code
 from rotarium.models.remote_code import ENTRY_FILES, bundle, dependencies, flat_name, module_order
 
 ALLOWED = {"torch", "transformers"} | set(sys.stdlib_module_names)
+# The packages of the model; the others (training, data, evaluation, synthetic, hub, configs, utils) are the library
+# around it. Of the model's packages, what the model's forward and generate never run:
+MODEL_PACKAGES = ("ops", "layers", "models")
+NOT_RUN_BY_THE_MODEL = ("models/remote_code.py", "models/loading.py", "ops/__init__.py")
 
 
 @pytest.fixture(scope="module")
@@ -25,16 +30,35 @@ def files(tmp_path_factory):
 @pytest.mark.slow
 def test_bundle_covers_every_module_the_model_imports():
     # What importing the model really loads, in a fresh interpreter.
-    script = ("import sys, rotarium.models.modeling, rotarium.models.remote_code\n"
+    script = ("import sys, rotarium.models.modeling\n"
               "print(sorted(m for m in sys.modules if m.split('.')[0] == 'rotarium'))")
     loaded = set(json.loads(subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
                                            check=True).stdout.replace("'", '"')))
-    # Parent packages run only because Python imports parents, `rotarium/__init__.py` exports the presets and
-    # `rotarium/models/__init__.py` the checkpoint-loading helper; the model uses none of that code.
+    # Parent packages run only because Python imports parents: `rotarium/__init__.py` exports the presets,
+    # `rotarium/models/__init__.py` the checkpoint-loading helper and the bundler (the save hook), and the ops
+    # packages gather their kernels and the naive references. The flat files of a bundle have no parents, and the
+    # model uses none of that code.
     parents_only = {"rotarium", "rotarium.models", "rotarium.configs", "rotarium.configs.presets", "rotarium.utils",
-                    "rotarium.models.loading"}
+                    "rotarium.models.loading", "rotarium.models.remote_code", "rotarium.utils.files",
+                    "rotarium.ops", "rotarium.ops.gla", "rotarium.ops.delta_rule", "rotarium.ops.forgetting_attn",
+                    "rotarium.ops.gla.naive", "rotarium.ops.delta_rule.naive", "rotarium.ops.forgetting_attn.naive"}
     assert set(module_order()) == loaded - parents_only
     assert set(ENTRY_FILES) <= set(module_order())
+
+
+def test_the_bundle_holds_only_the_model_code(files):
+    """An exported folder ships the configuration, the modeling file and the layers and kernels their forward and
+    generate run: nothing of the library around the model (training, data, evaluation, the Hub tools, utils), the
+    bundler itself or the kernels' test references."""
+    sources = {}
+    for path in files.glob("*.py"):
+        header = re.match(r"# Generated from rotarium/(\S+) by ", path.read_text())
+        sources[path.name] = header.group(1)
+    outside = {name: source for name, source in sources.items() if source.split("/")[0] not in MODEL_PACKAGES}
+    assert not outside
+    assert not {name: source for name, source in sources.items()
+                if source in NOT_RUN_BY_THE_MODEL or source.endswith("/naive.py")}
+    assert {"configuration_rotarium.py", "modeling_rotarium.py"} <= set(sources)
 
 
 def test_modules_come_after_their_dependencies():

@@ -3,11 +3,13 @@ from __future__ import annotations
 
 import json
 import re
+from pathlib import Path
 
 import pytest
 import torch
 
 from rotarium.hub import export_checkpoint
+from rotarium.models.remote_code import bundle
 from tests.asserts import assert_close_at_scale
 from tests.hub.helpers import BLOCK_ROTARIUM, expected_outputs, make_checkpoint, run_python
 from tests.models.helpers import COMBINATIONS
@@ -69,6 +71,10 @@ def test_every_combination_loads_without_rotarium_and_matches(tmp_path):
     (tmp_path / "snippet.py").write_text(snippet)
     cases = {"folders": folders, "resave": folders["transformer-selective_rope"], "snippet": "snippet.py"}
     (tmp_path / "cases.json").write_text(json.dumps(cases))
+
+    # what loads below is the model code only (tests/hub/test_remote_code.py checks what the bundle holds)
+    code = set(bundle())
+    assert all({p.name for p in Path(folder).glob("*.py")} == code for folder in folders.values())
 
     proc = run_python(CHILD, tmp_path)
     assert proc.returncode == 0, proc.stderr[-4000:]
