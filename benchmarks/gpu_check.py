@@ -74,7 +74,6 @@ from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -83,15 +82,9 @@ from common import time_rounds, verdict  # beside this script, first on sys.path
 from rotarium import ops
 from rotarium.configs.presets import preset_config
 from rotarium.data.batches import collate
-from rotarium.hub.convert import (
-    FLA_QK_NORM_EPS,
-    fit_state_dict,
-    fla_config_classes,
-    map_fla_config,
-    rename_state_dict,
-)
+from rotarium.hub.convert import fit_state_dict, fla_config_classes, map_fla_config, rename_state_dict
 from rotarium.layers import POSITION_ENCODINGS
-from rotarium.models import FAMILY_MODELS, RotariumConfig
+from rotarium.models import FAMILY_MODELS, NoFlaPeer, RotariumConfig
 from rotarium.models.modeling import CACHE_FIELD
 from rotarium.ops.backend import ENV_VAR, count_dispatches
 from rotarium.ops.delta_rule.chunk import fla_gated_backward_refused
@@ -548,91 +541,18 @@ FLA_MODELS = {"gla": "GLAForCausalLM", "delta_net": "DeltaNetForCausalLM",
 INTERPRETED_PEER = {"fuse_cross_entropy": False, "fuse_swiglu": False}
 
 
-class NoPeer(Exception):
-    """fla has no model that computes what this config does."""
-
-
-def _fla_shared(config: RotariumConfig) -> dict:
-    """The fla config kwargs every model type takes, for a config without a positional layer (fla has none)."""
-    if config.position_encoding != "nope":
-        raise NoPeer(f"fla's models have no {config.position_encoding} positional layer")
-    shared = {name: getattr(config, name) for name in (
-        "vocab_size", "hidden_size", "num_hidden_layers", "num_heads", "intermediate_size", "norm_eps",
-        "initializer_range", "tie_word_embeddings", "use_cache", "pad_token_id", "bos_token_id", "eos_token_id")}
-    return {**shared, "hidden_act": "swish"}
-
-
-def _gla_peer(config: RotariumConfig, head_k_dim: int, head_v_dim: int) -> tuple[str, dict]:
-    linear = {**_fla_shared(config), "max_position_embeddings": config.max_position_embeddings}
-    if (config.gate_low_rank_dim, config.gate_logit_normalizer, config.head_dim) != (16, 16.0, None):
-        raise NoPeer("fla's GLA fixes the gate's rank and normaliser at 16 and splits the width into heads")
-    return "gla", {**linear, "expand_k": config.expand_k, "expand_v": config.expand_v,
-                   "use_short_conv": config.use_short_conv, "conv_size": config.conv_size, "use_output_gate": True}
-
-
-def _deltanet_peer(config: RotariumConfig, head_k_dim: int, head_v_dim: int) -> tuple[str, dict]:
-    linear = {**_fla_shared(config), "max_position_embeddings": config.max_position_embeddings}
-    if not config.use_short_conv:
-        raise NoPeer("fla's DeltaNet applies SiLU to q, k, v even without its convolutions")
-    common = {**linear, "use_short_conv": True, "conv_size": config.conv_size, "use_gate": config.use_output_gate}
-    if config.use_gated_delta:
-        return "gated_deltanet", {**common, "head_dim": head_k_dim, "expand_v": head_v_dim / head_k_dim}
-    if config.head_dim is not None:
-        raise NoPeer("fla's DeltaNet splits the width into heads (no head_dim)")
-    return "delta_net", {**common, "expand_k": config.expand_k, "expand_v": config.expand_v}
-
-
-def _fox_peer(config: RotariumConfig, head_k_dim: int, head_v_dim: int) -> tuple[str, dict]:
-    shared = _fla_shared(config)
-    if config.head_dim not in (None, config.hidden_size // config.num_heads):
-        raise NoPeer("fla's Forgetting Transformer splits the width into heads (no head_dim)")
-    if config.qk_norm and (not config.qk_norm_per_head or config.qk_norm_eps != FLA_QK_NORM_EPS):
-        raise NoPeer(f"fla's Forgetting Transformer's QK-norm has a weight per head and epsilon {FLA_QK_NORM_EPS}")
-    return "forgetting_transformer", {**shared, "num_kv_heads": config.num_kv_heads,
-                                      "qkv_bias": config.attention_bias, "qk_norm": config.qk_norm,
-                                      "use_output_gate": config.output_gate, "window_size": None}
-
-
-def _transformer_peer(config: RotariumConfig, head_k_dim: int, head_v_dim: int) -> tuple[str, dict]:
-    raise NoPeer("fla's Transformer cannot be built without flash-attn (not a dependency of fla)")
-
-
-def every_family(table: dict[str, Any], what: str) -> dict[str, Any]:
-    """``table``, a declaration per family, checked to name every family of the registry and no other, so that a
-    family added there fails here by name rather than getting another family's entry."""
-    missing, unknown = set(FAMILY_MODELS) - set(table), set(table) - set(FAMILY_MODELS)
-    if missing or unknown:
-        raise ValueError(f"{what} must name every family of rotarium.models.FAMILY_MODELS: missing "
-                         f"{sorted(missing)}, not families {sorted(unknown)}")
-    return table
-
-
-# Each family's fla peer: the inverse of rotarium.hub.convert.map_fla_config (fla's fused kernels and loss left at
-# fla's defaults, how fla trains)
-FLA_PEER_CONFIGS = every_family({"gla": _gla_peer, "fox": _fox_peer, "deltanet": _deltanet_peer,
-                                 "transformer": _transformer_peer}, "FLA_PEER_CONFIGS")
-
-
-def fla_peer_config(config: RotariumConfig, head_k_dim: int, head_v_dim: int) -> tuple[str, dict]:
-    """``(fla model type, fla config kwargs)`` of the model that computes what ``config`` does
-    (:data:`FLA_PEER_CONFIGS`); :class:`NoPeer` where fla has none. ``head_*_dim``: the sizes of the config's heads,
-    as its mixer builds them."""
-    return FLA_PEER_CONFIGS[config.family](config, head_k_dim, head_v_dim)
-
-
 def build_peer(ours: torch.nn.Module, device: str, **fla_options: object) -> torch.nn.Module:
-    """fla's model of ``ours``'s config (with ``fla_options`` set in fla's config), whose weights ``ours`` then loads:
-    both start from the same point. Mapping the peer back (convert's map_fla_config, fit_state_dict) checks the config
-    was inverted exactly."""
+    """fla's model of ``ours``'s config (its family's ``fla_peer``, with ``fla_options`` set in fla's config), whose
+    weights ``ours`` then loads: both start from the same point; :class:`NoFlaPeer` where fla has none. Mapping the
+    peer back (convert's map_fla_config, fit_state_dict) checks the config was inverted exactly."""
     mixer = ours.model.layers[0].mixer
-    model_type, kwargs = fla_peer_config(ours.config, getattr(mixer, "head_k_dim", None),
-                                         getattr(mixer, "head_v_dim", None))
+    model_type, kwargs = ours.config.fla_peer(getattr(mixer, "head_k_dim", None), getattr(mixer, "head_v_dim", None))
     kwargs |= fla_options
     try:
         fla_models = importlib.import_module("fla.models")
         config_class = fla_config_classes()[model_type]
     except Exception as error:  # a missing or broken fla is the reason printed
-        raise NoPeer(f"fla cannot be imported: {type(error).__name__}: {error}") from error
+        raise NoFlaPeer(f"fla cannot be imported: {type(error).__name__}: {error}") from error
     fla_config = config_class(**kwargs)
     family, _ = map_fla_config(model_type, fla_config)
     if family != ours.config.family:
@@ -704,7 +624,7 @@ def check_training(name: str, preset: str, overrides: dict, ctx: Context, args: 
         model = build_model(config, ctx.device)
         try:
             state["peer"] = build_peer(model, ctx.device, **ctx.peer_options)
-        except NoPeer as why:
+        except NoFlaPeer as why:
             state["no_peer"] = str(why)
         if ctx.device == "cuda":
             torch.cuda.reset_peak_memory_stats()

@@ -24,7 +24,8 @@ import torch
 from common import best, keep_freed_memory, paired_ratio, time_rounds, verdict  # beside this script, first on sys.path
 
 from rotarium.configs.presets import PRESETS
-from rotarium.layers import MIXERS, POSITION_ENCODINGS, PositionalSettings, SequenceInfo, build_mixer
+from rotarium.layers import POSITION_ENCODINGS, PositionalSettings, SequenceInfo
+from rotarium.models import MIXERS, build_mixer
 
 TARGETS = {"nope": 1.0, "rope": 1.10, "rove": 1.10, "selective_rope": 1.20}
 

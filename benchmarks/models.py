@@ -14,8 +14,8 @@ import argparse
 import torch
 from common import best, paired_ratio, time_rounds, verdict  # beside this script, first on sys.path
 
-from rotarium.layers import MIXERS, SoftmaxAttention
-from rotarium.models import CONFIGS, FAMILY_MODELS
+from rotarium.layers import SoftmaxAttention
+from rotarium.models import CONFIGS, FAMILY_MODELS, MIXERS
 
 VOCAB = 32000
 

@@ -3,22 +3,10 @@
 ``import rotarium`` registers the four model types with transformers' Auto classes.
 """
 from rotarium.configs import PRESETS, preset_config
-from rotarium.models import (
-    DeltaNetConfig,
-    DeltaNetForCausalLM,
-    DeltaNetModel,
-    FoXConfig,
-    FoXForCausalLM,
-    FoXModel,
-    GLAConfig,
-    GLAForCausalLM,
-    GLAModel,
-    RotariumCache,
-    RotariumConfig,
-    TransformerConfig,
-    TransformerForCausalLM,
-    TransformerModel,
-)
+from rotarium.models import FAMILY_CLASSES, RotariumCache, RotariumConfig
+
+# Each family's config, model and causal-LM classes under their names (GLAConfig, GLAModel, GLAForCausalLM, ...)
+globals().update(FAMILY_CLASSES)
 
 __version__ = "0.1.0"
 
@@ -32,8 +20,6 @@ def __getattr__(name: str):
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-__all__ = [
-    "PRESETS", "DeltaNetConfig", "DeltaNetForCausalLM", "DeltaNetModel", "FoXConfig", "FoXForCausalLM", "FoXModel",
-    "GLAConfig", "GLAForCausalLM", "GLAModel", "RotariumCache", "RotariumConfig", "TransformerConfig",
-    "TransformerForCausalLM", "TransformerModel", "convert_checkpoint", "preset_config",
+__all__ = [  # noqa: PLE0604  (the families' class names, read from the registry)
+    "PRESETS", "RotariumCache", "RotariumConfig", "convert_checkpoint", "preset_config", *FAMILY_CLASSES,
 ]

@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from rotarium.layers import MIXERS, POSITION_ENCODINGS, SoftmaxAttention
-from rotarium.models import FAMILY_MODELS
+from rotarium.layers import POSITION_ENCODINGS, SoftmaxAttention
+from rotarium.models import FAMILY_MODELS, MIXERS
 
 ROOT = Path(__file__).resolve().parents[1]
 ROW = re.compile(r"^(?P<name>.+?)\s{2,}(?P<status>PASS|KNOWN|SKIP|FAIL)\s{2,}(?P<note>.*)$")
@@ -203,24 +203,6 @@ def test_exit_status_says_fail_and_unrun_rows(gpu_check, capsys):
     assert "row 1: FAIL  RuntimeError: kernel refused" in capsys.readouterr().out
     assert table(-1, lambda: ("PASS", "")) == 3
     assert "--budget" in capsys.readouterr().out
-
-
-def test_fla_peer_is_refused_where_fla_has_no_such_model(gpu_check):
-    from rotarium.configs.presets import preset_config
-
-    with pytest.raises(gpu_check.NoPeer, match="flash-attn"):
-        gpu_check.fla_peer_config(preset_config("transformer-370m"), 64, 64)
-    with pytest.raises(gpu_check.NoPeer, match="rope"):
-        gpu_check.fla_peer_config(preset_config("gla-370m", position_encoding="rope"), 128, 256)
-    model_type, kwargs = gpu_check.fla_peer_config(preset_config("deltanet-370m", use_gated_delta=True), 128, 128)
-    assert model_type == "gated_deltanet" and (kwargs["head_dim"], kwargs["expand_v"]) == (128, 1.0)
-
-
-def test_the_fla_peers_name_every_family_and_a_family_left_out_fails_by_name(gpu_check):
-    assert tuple(gpu_check.FLA_PEER_CONFIGS) == tuple(FAMILY_MODELS)
-    partial = {family: peer for family, peer in gpu_check.FLA_PEER_CONFIGS.items() if family != "fox"}
-    with pytest.raises(ValueError, match=r"PEERS must name every family .*missing \['fox'\]"):
-        gpu_check.every_family(partial, "PEERS")
 
 
 @pytest.mark.parametrize("name", list(FLA_PEERS))

@@ -52,6 +52,7 @@ import torch
 from rotarium.hub.paths import check_output_folder, confined
 from rotarium.layers.positional import check_rope_parameters
 from rotarium.models import CONFIGS, FAMILY_MODELS
+from rotarium.models.configuration import FLA_QK_NORM_EPS
 from rotarium.utils.files import check_apart, copy_file, write_folder_atomic
 
 FLA_TYPES = ("gla", "delta_net", "gated_deltanet", "forgetting_transformer", "transformer")
@@ -66,8 +67,6 @@ SAFETENSORS_DTYPES = {"F64": "float64", "F32": "float32", "F16": "float16", "BF1
                       "I32": "int32", "I16": "int16", "I8": "int8", "U8": "uint8", "BOOL": "bool",
                       "F8_E4M3": "float8_e4m3fn", "F8_E5M2": "float8_e5m2", "U16": "uint16", "U32": "uint32",
                       "U64": "uint64", "C64": "complex64"}
-# fla fixes the epsilon of its QK-norms (its RMSNorm's and GroupNorm's default), whatever `norm_eps` says.
-FLA_QK_NORM_EPS = 1e-5
 # fla 0.6's defaults of the config fields read below, for reading a config where fla is not installed.
 _FLA_SHARED = {"hidden_size": 2048, "num_hidden_layers": 24, "hidden_ratio": 4, "intermediate_size": None,
                "hidden_act": "swish", "norm_eps": 1e-6, "initializer_range": 0.02, "tie_word_embeddings": False,

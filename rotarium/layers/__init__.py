@@ -1,7 +1,6 @@
-"""Modules: the positional layer, the four token mixers and the shared block pieces."""
+"""Modules: the positional layer, the four token mixers and the shared block pieces. Which family a mixer serves is
+its config's to say (``mixer_class``, ``rotarium.models.configuration``): the layers know no family."""
 from __future__ import annotations
-
-from torch import nn
 
 from rotarium.layers.attention import ForgettingAttention, SoftmaxAttention, TransformerAttention
 from rotarium.layers.block import Block
@@ -26,26 +25,7 @@ from rotarium.layers.state import (
     SelectiveRoPEState,
 )
 
-# Each family's token mixer, under the family's name (its config's `family`). The layers cannot see the configs
-# and models above them, so a family registers its mixer here and `rotarium.models.modeling.FAMILY_MODELS` holds
-# the rest of its record (docs/design.md §6).
-MIXERS: dict[str, type[nn.Module]] = {
-    "gla": GatedLinearAttention,
-    "fox": ForgettingAttention,
-    "deltanet": DeltaNet,
-    "transformer": TransformerAttention,
-}
-
-
-def build_mixer(family: str, **kwargs) -> nn.Module:
-    """The token mixer of ``family`` (one of :data:`MIXERS`) built from its keyword arguments."""
-    if family not in MIXERS:
-        raise ValueError(f"unknown mixer family {family!r}; choose one of {tuple(MIXERS)}")
-    return MIXERS[family](**kwargs)
-
-
 __all__ = [
-    "MIXERS",
     "POSITION_ENCODINGS",
     "AttentionState",
     "Block",
@@ -67,7 +47,6 @@ __all__ = [
     "SoftmaxAttention",
     "SwiGLU",
     "TransformerAttention",
-    "build_mixer",
     "build_positional",
     "default_intermediate_size",
 ]

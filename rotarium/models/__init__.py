@@ -2,36 +2,28 @@
 from transformers import AutoConfig, AutoModel, AutoModelForCausalLM
 
 from rotarium.models.cache import RotariumCache
-from rotarium.models.configuration import (
-    CONFIGS,
-    DeltaNetConfig,
-    FoXConfig,
-    GLAConfig,
-    RotariumConfig,
-    TransformerConfig,
-)
+from rotarium.models.configuration import CONFIGS, NoFlaPeer, RotariumConfig
 from rotarium.models.loading import load_pretrained, loading_problems, with_rope_parameters
 from rotarium.models.modeling import (
     FAMILY_MODELS,
-    DeltaNetForCausalLM,
-    DeltaNetModel,
+    MIXERS,
     FamilyClasses,
-    FoXForCausalLM,
-    FoXModel,
-    GLAForCausalLM,
-    GLAModel,
     RotariumForCausalLM,
     RotariumModel,
     RotariumPreTrainedModel,
-    TransformerForCausalLM,
-    TransformerModel,
+    build_mixer,
     set_activation_checkpointing,
 )
 from rotarium.models.remote_code import prepare_save
 
+# Each family's config, model and causal-LM classes under their names (GLAConfig, GLAModel, GLAForCausalLM, ...),
+# read from the families' registry.
+FAMILY_CLASSES: dict[str, type] = {cls.__name__: cls for record in FAMILY_MODELS.values() for cls in record}
+globals().update(FAMILY_CLASSES)
+
 
 def register_auto_classes() -> None:
-    """Makes ``AutoConfig`` / ``AutoModel`` / ``AutoModelForCausalLM`` know the four model types.
+    """Makes ``AutoConfig`` / ``AutoModel`` / ``AutoModelForCausalLM`` know every family's model type.
 
     The ``rotarium_*`` model types never collide with fla's own (``gla``, ``delta_net``, ...)."""
     for config_class, model_class, lm_class in FAMILY_MODELS.values():
@@ -45,10 +37,9 @@ register_auto_classes()
 # imported by them, so that it is not part of the code it writes.
 RotariumPreTrainedModel.code_writer = staticmethod(prepare_save)
 
-__all__ = [
-    "CONFIGS", "FAMILY_MODELS", "DeltaNetConfig", "DeltaNetForCausalLM", "DeltaNetModel", "FamilyClasses", "FoXConfig",
-    "FoXForCausalLM", "FoXModel", "GLAConfig", "GLAForCausalLM", "GLAModel", "RotariumCache", "RotariumConfig",
-    "RotariumForCausalLM", "RotariumModel", "RotariumPreTrainedModel", "TransformerConfig", "TransformerForCausalLM",
-    "TransformerModel", "load_pretrained", "loading_problems", "register_auto_classes",
-    "set_activation_checkpointing", "with_rope_parameters",
+__all__ = [  # noqa: PLE0604  (the families' class names, read from the registry)
+    "CONFIGS", "FAMILY_CLASSES", "FAMILY_MODELS", "MIXERS", "FamilyClasses", "NoFlaPeer", "RotariumCache",
+    "RotariumConfig", "RotariumForCausalLM", "RotariumModel", "RotariumPreTrainedModel", "build_mixer",
+    "load_pretrained", "loading_problems", "register_auto_classes", "set_activation_checkpointing",
+    "with_rope_parameters", *FAMILY_CLASSES,
 ]

@@ -6,6 +6,10 @@ the positional layer's are declared once, by :class:`rotarium.layers.PositionalS
 takes them as keyword arguments whose signature and documentation are derived from that declaration. A family class
 defines its mixer's options and its presets, and repeats a shared field only to change its default
 (``TransformerConfig.position_encoding``).
+
+A family's config class is its declaration (docs/design.md §6): besides its fields and presets it names its mixer
+class (``mixer_class``) and fla's model computing the same (:meth:`RotariumConfig.fla_peer`), and
+:data:`FAMILY_CONFIGS` lists it; ``rotarium.models.modeling`` derives its model classes and its record from it.
 """
 from __future__ import annotations
 
@@ -19,9 +23,12 @@ from functools import cache
 from typing import Any, ClassVar
 
 import torch
+from torch import nn
 from transformers import PretrainedConfig
 
-from rotarium.layers import PositionalSettings, build_mixer
+from rotarium.layers import PositionalSettings
+from rotarium.layers.attention import ForgettingAttention, TransformerAttention
+from rotarium.layers.linear_attention import DeltaNet, GatedLinearAttention
 from rotarium.layers.mlp import default_intermediate_size
 from rotarium.layers.positional import (
     ROPE_FREQUENCY_ENCODINGS,
@@ -36,6 +43,12 @@ PRESET_BASE: dict[str, Any] = {"vocab_size": 32000, "num_hidden_layers": 24, "ti
 # What GPT-2-shaped presets share over the base: GPT-2's vocabulary and context, tied embeddings.
 GPT2_SHAPE: dict[str, Any] = {"vocab_size": 50257, "max_position_embeddings": 1024, "tie_word_embeddings": True,
                               "rope_theta": 10000.0}
+# fla fixes the epsilon of its QK-norms (its RMSNorm's and GroupNorm's default), whatever `norm_eps` says.
+FLA_QK_NORM_EPS = 1e-5
+
+
+class NoFlaPeer(Exception):
+    """fla has no model that computes what a config does (:meth:`RotariumConfig.fla_peer`): the message says why."""
 
 
 @cache
@@ -54,12 +67,17 @@ FAMILY_DOCS_PLACEHOLDER = "        {family fields}\n"
 class RotariumConfig(PretrainedConfig):
     r"""The fields every family shares: the model's sizes, its special tokens and the positional layer's options.
 
-    A family's class sets ``model_type``, ``family``, ``description``, ``default_num_heads``, ``presets`` and
-    ``family_fields``, a frozen dataclass that declares its own fields once (as :class:`PositionalSettings` does the
-    positional ones): its ``__init__``, signature, documented arguments and ``mixer_fields`` (those of its fields
-    that go to the mixer) are derived from it when the class is defined; its record in
-    ``rotarium.models.modeling.FAMILY_MODELS`` registers it. Every field is validated at construction, with a
-    ``ValueError`` that names it.
+    A family's class sets ``model_type``, ``family``, ``description``, ``default_num_heads``, ``presets``,
+    ``mixer_class`` (its token mixer, built from :meth:`mixer_kwargs`), :meth:`fla_peer` and ``family_fields``, a
+    frozen dataclass that declares its own fields once (as :class:`PositionalSettings` does the positional ones): its
+    ``__init__``, signature, documented arguments and ``mixer_fields`` (those of its fields that go to the mixer) are
+    derived from it when the class is defined; its entry in :data:`FAMILY_CONFIGS` registers it. Every field is
+    validated at construction, with a ``ValueError`` that names it.
+
+    A family's ``fla_peer(head_k_dim, head_v_dim)`` returns ``(fla model type, fla config kwargs)`` of fla's model
+    that computes what the config does, the inverse of ``rotarium.hub.convert.map_fla_config`` (fla's fused kernels
+    and loss left at fla's defaults, how fla trains; ``head_*_dim``: the head sizes its mixer builds), or raises
+    :class:`NoFlaPeer` saying why fla has none: the GPU check compares rotarium's training with it.
 
     Args:
         vocab_size (`int`, *optional*, defaults to 32000):
@@ -97,6 +115,7 @@ class RotariumConfig(PretrainedConfig):
     family: ClassVar[str]
     description: ClassVar[str]  # the family in words, as a model card names it
     default_num_heads: ClassVar[int]
+    mixer_class: ClassVar[type[nn.Module]]  # the family's token mixer (rotarium.layers)
     family_fields: ClassVar[type]
     mixer_fields: ClassVar[tuple[str, ...]]  # derived from family_fields
     presets: ClassVar[dict[str, dict[str, Any]]]
@@ -259,6 +278,16 @@ class RotariumConfig(PretrainedConfig):
                 "positional": self.positional_settings,
                 **{name: getattr(self, name) for name in self.mixer_fields}}
 
+    def fla_shared_fields(self) -> dict[str, Any]:
+        """The fla config kwargs every fla model type takes; :class:`NoFlaPeer` for a config with a positional layer
+        (fla's models have none)."""
+        if self.position_encoding != "nope":
+            raise NoFlaPeer(f"fla's models have no {self.position_encoding} positional layer")
+        shared = {name: getattr(self, name) for name in (
+            "vocab_size", "hidden_size", "num_hidden_layers", "num_heads", "intermediate_size", "norm_eps",
+            "initializer_range", "tie_word_embeddings", "use_cache", "pad_token_id", "bos_token_id", "eos_token_id")}
+        return {**shared, "hidden_act": "swish"}
+
     def _validate_longrope_rope_parameters(self, rope_parameters: dict[str, Any],
                                            ignore_keys: set[str] | None = None) -> None:
         """transformers' LongRoPE check, less its factor-list lengths: it sizes the lists by ``head_dim``, which a
@@ -281,7 +310,7 @@ class RotariumConfig(PretrainedConfig):
         # Building the mixer on the meta device runs every shape check of the layers (the positional settings' among
         # them) without allocating anything.
         with torch.device("meta"):
-            build_mixer(self.family, **self.mixer_kwargs())
+            self.mixer_class(**self.mixer_kwargs())
 
 
 def _declare_fields(config_class: type[RotariumConfig], declaration: type, placeholder: str,
@@ -381,11 +410,19 @@ class GLAConfig(RotariumConfig):
     family = "gla"
     description = "GLA (Gated Linear Attention, Yang et al., 2024)"
     default_num_heads = 4
+    mixer_class = GatedLinearAttention
     family_fields = GLAFields
     presets: ClassVar[dict[str, dict[str, Any]]] = {
         "gla-370m": {"hidden_size": 1024, "num_heads": 4, "expand_k": 0.5, "expand_v": 1.0, "use_short_conv": True},
         "gla-1.3b": {"hidden_size": 2048, "num_heads": 4, "expand_k": 0.5, "expand_v": 1.0, "use_short_conv": True},
     }
+
+    def fla_peer(self, head_k_dim: int | None, head_v_dim: int | None) -> tuple[str, dict[str, Any]]:
+        linear = {**self.fla_shared_fields(), "max_position_embeddings": self.max_position_embeddings}
+        if (self.gate_low_rank_dim, self.gate_logit_normalizer, self.head_dim) != (16, 16.0, None):
+            raise NoFlaPeer("fla's GLA fixes the gate's rank and normaliser at 16 and splits the width into heads")
+        return "gla", {**linear, "expand_k": self.expand_k, "expand_v": self.expand_v,
+                       "use_short_conv": self.use_short_conv, "conv_size": self.conv_size, "use_output_gate": True}
 
 
 @dataclass(frozen=True)
@@ -420,11 +457,23 @@ class FoXConfig(RotariumConfig):
     family = "fox"
     description = "FoX (the Forgetting Transformer, Lin et al., ICLR 2025)"
     default_num_heads = 16
+    mixer_class = ForgettingAttention
     family_fields = FoXFields
     presets: ClassVar[dict[str, dict[str, Any]]] = {
         "fox-370m": {"hidden_size": 1024, "num_heads": 16},
         "fox-1.3b": {"hidden_size": 2048, "num_heads": 32},
     }
+
+    def fla_peer(self, head_k_dim: int | None, head_v_dim: int | None) -> tuple[str, dict[str, Any]]:
+        shared = self.fla_shared_fields()
+        if self.head_dim not in (None, self.hidden_size // self.num_heads):
+            raise NoFlaPeer("fla's Forgetting Transformer splits the width into heads (no head_dim)")
+        if self.qk_norm and (not self.qk_norm_per_head or self.qk_norm_eps != FLA_QK_NORM_EPS):
+            raise NoFlaPeer(f"fla's Forgetting Transformer's QK-norm has a weight per head and epsilon "
+                            f"{FLA_QK_NORM_EPS}")
+        return "forgetting_transformer", {**shared, "num_kv_heads": self.num_kv_heads,
+                                          "qkv_bias": self.attention_bias, "qk_norm": self.qk_norm,
+                                          "use_output_gate": self.output_gate, "window_size": None}
 
 
 @dataclass(frozen=True)
@@ -462,6 +511,7 @@ class DeltaNetConfig(RotariumConfig):
     family = "deltanet"
     description = "DeltaNet (linear attention with the delta rule, Yang et al., 2024)"
     default_num_heads = 8
+    mixer_class = DeltaNet
     family_fields = DeltaNetFields
     presets: ClassVar[dict[str, dict[str, Any]]] = {
         "deltanet-370m": {"hidden_size": 1024, "num_heads": 8, "expand_k": 1.0, "expand_v": 1.0,
@@ -469,6 +519,17 @@ class DeltaNetConfig(RotariumConfig):
         "deltanet-1.3b": {"hidden_size": 2048, "num_heads": 16, "expand_k": 1.0, "expand_v": 1.0,
                           "use_short_conv": True},
     }
+
+    def fla_peer(self, head_k_dim: int | None, head_v_dim: int | None) -> tuple[str, dict[str, Any]]:
+        linear = {**self.fla_shared_fields(), "max_position_embeddings": self.max_position_embeddings}
+        if not self.use_short_conv:
+            raise NoFlaPeer("fla's DeltaNet applies SiLU to q, k, v even without its convolutions")
+        common = {**linear, "use_short_conv": True, "conv_size": self.conv_size, "use_gate": self.use_output_gate}
+        if self.use_gated_delta:
+            return "gated_deltanet", {**common, "head_dim": head_k_dim, "expand_v": head_v_dim / head_k_dim}
+        if self.head_dim is not None:
+            raise NoFlaPeer("fla's DeltaNet splits the width into heads (no head_dim)")
+        return "delta_net", {**common, "expand_k": self.expand_k, "expand_v": self.expand_v}
 
 
 @dataclass(frozen=True)
@@ -503,6 +564,7 @@ class TransformerConfig(RotariumConfig):
     family = "transformer"
     description = "Transformer (Llama-style: RMSNorm, SwiGLU, softmax attention)"
     default_num_heads = 16
+    mixer_class = TransformerAttention
     family_fields = TransformerFields
     presets: ClassVar[dict[str, dict[str, Any]]] = {
         "transformer-370m": {"hidden_size": 1024, "num_heads": 16, "rope_theta": 10000.0},
@@ -516,8 +578,14 @@ class TransformerConfig(RotariumConfig):
                              "intermediate_size": 2752, **GPT2_SHAPE},
     }
 
+    def fla_peer(self, head_k_dim: int | None, head_v_dim: int | None) -> tuple[str, dict[str, Any]]:
+        raise NoFlaPeer("fla's Transformer cannot be built without flash-attn (not a dependency of fla)")
 
+
+# Every family, once, in the order every list of them takes: adding a family is its mixer, its config class above and
+# its entry here. rotarium.models.modeling derives each one's model classes and checks its record whole.
+FAMILY_CONFIGS: tuple[type[RotariumConfig], ...] = (GLAConfig, FoXConfig, DeltaNetConfig, TransformerConfig)
 # The family configs by name, read from the families' registry (`rotarium.models.modeling.FAMILY_MODELS`, which
-# fills it on import, as the models import the configs and not the other way). Importing any rotarium.models module
-# imports the package, and with it the registry, first.
+# fills it on import once it has checked each record, as the models import the configs and not the other way).
+# Importing any rotarium.models module imports the package, and with it the registry, first.
 CONFIGS: dict[str, type[RotariumConfig]] = {}

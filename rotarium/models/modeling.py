@@ -1,8 +1,10 @@
 """The one model and causal-LM head that serve all four families, and the families' registry.
 
-A family differs only in its config (``model_type``, defaults) and the mixer its config builds; the classes at
-the bottom of this file bind each family's config to the shared implementation, so ``AutoModel`` can find them,
-and :data:`FAMILY_MODELS` holds each family's record, from which every list of families is derived.
+A family differs only in its config (``model_type``, defaults) and the mixer its config names; :func:`bind_family`
+derives from each config of ``rotarium.models.configuration.FAMILY_CONFIGS`` the classes that bind it to the shared
+implementation (``GLAModel``, ``GLAForCausalLM``, ...), defined in this module under their names so that
+``AutoModel``, a checkpoint's ``auto_map`` and the exported remote code find them, and :data:`FAMILY_MODELS` holds
+each family's record, from which every list of families is derived.
 """
 from __future__ import annotations
 
@@ -20,16 +22,9 @@ from transformers.cache_utils import Cache
 from transformers.modeling_outputs import BaseModelOutputWithPast, CausalLMOutputWithPast
 from transformers.utils import logging
 
-from rotarium.layers import MIXERS, Block, HeadRMSNorm, RMSNorm, SequenceInfo, ShortConvolution, build_mixer
+from rotarium.layers import Block, HeadRMSNorm, RMSNorm, SequenceInfo, ShortConvolution
 from rotarium.models.cache import RotariumCache, RotariumCacheLayer, rotarium_layers
-from rotarium.models.configuration import (
-    CONFIGS,
-    DeltaNetConfig,
-    FoXConfig,
-    GLAConfig,
-    RotariumConfig,
-    TransformerConfig,
-)
+from rotarium.models.configuration import CONFIGS, FAMILY_CONFIGS, RotariumConfig
 from rotarium.ops.linear_cross_entropy import fused_linear_cross_entropy_loss
 from rotarium.ops.utils import checks_values, plain_linear
 
@@ -134,8 +129,7 @@ class RotariumModel(RotariumPreTrainedModel):
         self.embed_tokens = built_empty(lambda: nn.Embedding(config.vocab_size, config.hidden_size))
         mixer_kwargs = config.mixer_kwargs()  # one settings object, checked once, for every layer
         self.layers = built_empty(lambda: nn.ModuleList([
-            Block(config.hidden_size, build_mixer(config.family, **mixer_kwargs), config.intermediate_size,
-                  config.norm_eps)
+            Block(config.hidden_size, config.mixer_class(**mixer_kwargs), config.intermediate_size, config.norm_eps)
             for _ in range(config.num_hidden_layers)
         ]))
         self.norm = built_empty(lambda: RMSNorm(config.hidden_size, eps=config.norm_eps))
@@ -469,45 +463,10 @@ def causal_targets(labels: torch.Tensor | None, shift_labels: torch.Tensor | Non
     return targets.masked_fill(crosses[None], IGNORE_INDEX)
 
 
-# Each causal-LM class names GenerationMixin among its own bases: transformers' convention, which its generation
-# tests check (``GLAForCausalLM.__bases__``), although the shared head already brings it.
-class GLAModel(RotariumModel):
-    config_class = GLAConfig
-
-
-class GLAForCausalLM(RotariumForCausalLM, GenerationMixin):
-    config_class = GLAConfig
-
-
-class FoXModel(RotariumModel):
-    config_class = FoXConfig
-
-
-class FoXForCausalLM(RotariumForCausalLM, GenerationMixin):
-    config_class = FoXConfig
-
-
-class DeltaNetModel(RotariumModel):
-    config_class = DeltaNetConfig
-
-
-class DeltaNetForCausalLM(RotariumForCausalLM, GenerationMixin):
-    config_class = DeltaNetConfig
-
-
-class TransformerModel(RotariumModel):
-    config_class = TransformerConfig
-
-
-class TransformerForCausalLM(RotariumForCausalLM, GenerationMixin):
-    config_class = TransformerConfig
-
-
 class FamilyClasses(NamedTuple):
-    """One family's record: its config class, which names it (``family``, ``model_type``) and holds its fields and
-    presets, and the model and causal-LM classes that bind that config to the shared implementation. Its mixer is
-    the class :data:`rotarium.layers.MIXERS` registers under its name (the layers sit below the configs, so they
-    cannot hold the record). It unpacks as ``(config, model, lm)``."""
+    """One family's record: its config class, which names it (``family``, ``model_type``), holds its fields and
+    presets and names its mixer (``mixer_class``) and fla peer, and the model and causal-LM classes that bind that
+    config to the shared implementation (:func:`bind_family`). It unpacks as ``(config, model, lm)``."""
 
     config: type[RotariumConfig]
     model: type[RotariumModel]
@@ -528,7 +487,7 @@ class FamilyClasses(NamedTuple):
 
     @property
     def mixer(self) -> type[nn.Module]:
-        return MIXERS[self.name]
+        return self.config.mixer_class
 
     @property
     def class_names(self) -> tuple[str, str, str]:
@@ -536,37 +495,71 @@ class FamilyClasses(NamedTuple):
         return self.config.__name__, self.model.__name__, self.lm.__name__
 
 
+def bind_family(config: type[RotariumConfig]) -> FamilyClasses:
+    """The record of the family ``config`` declares: its model and causal-LM classes, named after the config
+    (``GLAConfig`` -> ``GLAModel``, ``GLAForCausalLM``) and defined in this module under those names, as if written
+    here, so that transformers' Auto classes, ``auto_map`` and the remote code find them by name. The causal-LM class
+    names ``GenerationMixin`` among its own bases, transformers' convention, which its generation tests check
+    (``GLAForCausalLM.__bases__``), although the shared head already brings it."""
+    prefix = config.__name__.removesuffix("Config")
+    bound = []
+    for name, bases, what in ((f"{prefix}Model", (RotariumModel,), "model"),
+                              (f"{prefix}ForCausalLM", (RotariumForCausalLM, GenerationMixin), "causal LM")):
+        cls = type(name, bases, {"config_class": config, "__module__": __name__, "__qualname__": name,
+                                 "__doc__": f"The {what} of {config.description}: the shared {bases[0].__name__}, "
+                                            f"built from a :class:`{config.__name__}`."})
+        globals()[name] = cls
+        bound.append(cls)
+    return FamilyClasses(config, *bound)
+
+
+def _declared_by_its_family(config: type[RotariumConfig], attribute: str) -> bool:
+    """Whether ``config``'s ``attribute`` is declared by a config of its own family: a family whose config derives
+    from another's must declare its own, rather than get the other family's in silence."""
+    owner = next((klass for klass in config.__mro__ if attribute in vars(klass)), None)
+    return owner is not None and vars(owner).get("family", config.family) == config.family
+
+
 def family_registry(*records: FamilyClasses) -> dict[str, FamilyClasses]:
-    """The records by family name, in the order given, each checked to be whole: a mixer registered under its name
-    that counts its own FLOPs (``unweighted_flops_per_token``), a ``description`` of its own on its config, and
-    model classes bound to its config."""
+    """The records by family name, in the order given, each checked to be whole: a mixer class named by a config of
+    its family that counts its own FLOPs (``unweighted_flops_per_token``), a ``description`` of its own on its config,
+    an fla peer (``fla_peer``) declared by a config of its family, and model classes bound to its config."""
     registry: dict[str, FamilyClasses] = {}
     for record in records:
+        config = record.config
         if record.name in registry:
             raise ValueError(f"family {record.name!r} is declared twice")
-        if record.name not in MIXERS:
-            raise ValueError(f"family {record.name!r} has no mixer: register one in rotarium.layers.MIXERS")
+        if not _declared_by_its_family(config, "mixer_class"):
+            raise ValueError(f"family {record.name!r} has no mixer: name its token mixer class in "
+                             f"{config.__name__}.mixer_class")
         if getattr(record.mixer, "unweighted_flops_per_token", None) is None:
             raise ValueError(f"family {record.name!r}: its mixer {record.mixer.__name__} does not count its FLOPs; "
                              "define its `unweighted_flops_per_token(seq_len)` (rotarium.training.flops)")
-        if not vars(record.config).get("description"):
-            raise ValueError(f"family {record.name!r}: {record.config.__name__} has no `description` of its own (the "
+        if not vars(config).get("description"):
+            raise ValueError(f"family {record.name!r}: {config.__name__} has no `description` of its own (the "
                              "family in words, as a model card names it)")
+        if not _declared_by_its_family(config, "fla_peer"):
+            raise ValueError(f"family {record.name!r}: {config.__name__} declares no fla peer; define its "
+                             "`fla_peer(head_k_dim, head_v_dim)`: fla's model computing the same, or NoFlaPeer "
+                             "saying why fla has none (benchmarks/gpu_check.py compares with it)")
         for bound in (record.model, record.lm):
-            if bound.config_class is not record.config:
+            if bound.config_class is not config:
                 raise ValueError(f"{bound.__name__}.config_class is {bound.config_class.__name__}, not "
-                                 f"{record.config.__name__}")
+                                 f"{config.__name__}")
         registry[record.name] = record
     return registry
 
 
-# Every family, once: adding a family is a mixer in rotarium.layers.MIXERS, its config and model classes, and its
-# record here. The lists of families elsewhere (configs, Auto classes, presets, the synthetic runs, the tests) are
-# read from this one.
-FAMILY_MODELS: dict[str, FamilyClasses] = family_registry(
-    FamilyClasses(GLAConfig, GLAModel, GLAForCausalLM),
-    FamilyClasses(FoXConfig, FoXModel, FoXForCausalLM),
-    FamilyClasses(DeltaNetConfig, DeltaNetModel, DeltaNetForCausalLM),
-    FamilyClasses(TransformerConfig, TransformerModel, TransformerForCausalLM),
-)
+# Every family's record, derived from its config (rotarium.models.configuration.FAMILY_CONFIGS). The lists of
+# families elsewhere (configs, mixers, Auto classes, presets, the synthetic runs, the tests) are read from this one.
+FAMILY_MODELS: dict[str, FamilyClasses] = family_registry(*map(bind_family, FAMILY_CONFIGS))
 CONFIGS.update({name: record.config for name, record in FAMILY_MODELS.items()})
+# Each family's token mixer by its name.
+MIXERS: dict[str, type[nn.Module]] = {name: record.mixer for name, record in FAMILY_MODELS.items()}
+
+
+def build_mixer(family: str, **kwargs) -> nn.Module:
+    """The token mixer of ``family`` (one of :data:`MIXERS`) built from its keyword arguments."""
+    if family not in MIXERS:
+        raise ValueError(f"unknown mixer family {family!r}; choose one of {tuple(MIXERS)}")
+    return MIXERS[family](**kwargs)

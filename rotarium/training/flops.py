@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from torch import nn
 
-from rotarium.layers import MIXERS
+from rotarium.models import MIXERS
 
 # Dense bf16 tensor-core peaks from the vendors' data sheets (FLOP/s), by a part of torch.cuda.get_device_name(); the
 # first that matches counts, so the longer names come first.

@@ -28,8 +28,7 @@ from rotarium.hub.convert import (
     fla_intermediate_size,
     map_fla_config,
 )
-from rotarium.layers import build_mixer
-from rotarium.models import CONFIGS
+from rotarium.models import CONFIGS, build_mixer
 from tests.asserts import assert_close_at_scale
 from tests.fla_cpu import fla_on_cpu, tiny_fla_model
 from tests.hub.helpers import BLOCK_ROTARIUM, run_python, save_tokenizer

@@ -3,7 +3,8 @@ from __future__ import annotations
 
 import torch
 
-from rotarium.layers import MIXERS, POSITION_ENCODINGS, PositionalSettings, SequenceInfo, build_mixer
+from rotarium.layers import POSITION_ENCODINGS, PositionalSettings, SequenceInfo
+from rotarium.models import MIXERS, build_mixer
 
 FAMILIES = tuple(MIXERS)
 COMBINATIONS = [(f, p) for f in FAMILIES for p in POSITION_ENCODINGS]

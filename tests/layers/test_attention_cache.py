@@ -7,8 +7,9 @@ import math
 import pytest
 import torch
 
-from rotarium.layers import MIXERS, POSITION_ENCODINGS, SequenceInfo, SoftmaxAttention
+from rotarium.layers import POSITION_ENCODINGS, SequenceInfo, SoftmaxAttention
 from rotarium.layers.attention import KVCache
+from rotarium.models import MIXERS
 from rotarium.models.cache import RotariumCache
 from rotarium.ops import backend as backend_module
 from rotarium.ops import forgetting_attn_with_cache

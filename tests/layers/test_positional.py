@@ -6,7 +6,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from rotarium.layers import MixerSpec, PositionalSettings, SequenceInfo, build_mixer, build_positional
+from rotarium.layers import MixerSpec, PositionalSettings, SequenceInfo, build_positional
 from rotarium.layers.positional import (
     POSITION_ENCODINGS,
     ROPE_FREQUENCY_ENCODINGS,
@@ -15,6 +15,7 @@ from rotarium.layers.positional import (
     RoPE,
 )
 from rotarium.layers.state import SelectiveRoPEState
+from rotarium.models import build_mixer
 from rotarium.ops import chunk_gla
 from rotarium.ops.cumsum import segment_cumsum
 from rotarium.synthetic.runner import POSITIONS as RUN_POSITIONS

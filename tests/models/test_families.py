@@ -1,15 +1,30 @@
-"""The families' registry: one record per family (``FAMILY_MODELS``, with its mixer in ``rotarium.layers.MIXERS``),
-from which every other list of families is read; the named softmax mixers leave checkpoints as they were."""
+"""The families' registry: one record per family (``FAMILY_MODELS``, derived from each config of ``FAMILY_CONFIGS``,
+which names its mixer and its fla peer), from which every other list of families is read; the named softmax mixers
+leave checkpoints as they were."""
 from __future__ import annotations
 
 import pytest
-from transformers import AutoConfig, AutoModel, AutoModelForCausalLM
+import torch
+from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, GenerationMixin
 
 from rotarium.configs import PRESETS
+from rotarium.configs.presets import preset_config
 from rotarium.hub.checkpoint import MODEL_TYPES
-from rotarium.layers import MIXERS, ForgettingAttention, SoftmaxAttention, TransformerAttention
-from rotarium.models import CONFIGS, FAMILY_MODELS, FamilyClasses, FoXConfig, FoXModel, GLAConfig, GLAModel
-from rotarium.models.modeling import family_registry
+from rotarium.layers import ForgettingAttention, GatedLinearAttention, SoftmaxAttention, TransformerAttention
+from rotarium.models import (
+    CONFIGS,
+    FAMILY_MODELS,
+    MIXERS,
+    FamilyClasses,
+    FoXConfig,
+    FoXModel,
+    GLAConfig,
+    GLAModel,
+    NoFlaPeer,
+    modeling,
+)
+from rotarium.models.configuration import FAMILY_CONFIGS, GLAFields
+from rotarium.models.modeling import bind_family, family_registry
 from rotarium.synthetic.runner import FAMILIES as SYNTHETIC_FAMILIES
 from tests.models.helpers import FAMILIES, tiny_config, tiny_model
 
@@ -28,6 +43,7 @@ SAVED_KEYS = {
 
 def test_every_list_of_families_is_read_from_the_registry():
     assert tuple(MIXERS) == tuple(CONFIGS) == tuple(FAMILY_MODELS) == SYNTHETIC_FAMILIES == FAMILIES
+    assert tuple(CONFIGS.values()) == FAMILY_CONFIGS
     assert CONFIGS == {name: record.config for name, record in FAMILY_MODELS.items()}
     assert MODEL_TYPES == {record.model_type: name for name, record in FAMILY_MODELS.items()}
     assert {family for family, _ in PRESETS.values()} == set(FAMILY_MODELS)
@@ -98,13 +114,18 @@ def test_the_registry_refuses_a_family_that_lacks_a_declaration():
     class UncountedConfig(GLAConfig):
         family = "uncounted"
         description = "a mixer that does not count its FLOPs"
+        mixer_class = Uncounted
 
-    MIXERS["uncounted"] = Uncounted
-    try:
-        with pytest.raises(ValueError, match="its mixer Uncounted does not count its FLOPs"):
-            family_registry(FamilyClasses(UncountedConfig, *bound_to(UncountedConfig)))
-    finally:
-        del MIXERS["uncounted"]
+    with pytest.raises(ValueError, match="its mixer Uncounted does not count its FLOPs"):
+        family_registry(FamilyClasses(UncountedConfig, *bound_to(UncountedConfig)))
+
+    class PeerlessConfig(GLAConfig):  # GLA's fla peer would map it to fla's GLA: it must say its own
+        family = "peerless"
+        description = "a family that does not say which fla model computes the same"
+        mixer_class = GatedLinearAttention
+
+    with pytest.raises(ValueError, match="family 'peerless': PeerlessConfig declares no fla peer"):
+        family_registry(FamilyClasses(PeerlessConfig, *bound_to(PeerlessConfig)))
 
 
 def bound_to(config: type) -> tuple[type, type]:
@@ -119,3 +140,52 @@ def test_every_family_declares_what_is_read_of_it(family):
     record = FAMILY_MODELS[family]
     assert record.description == vars(record.config)["description"]
     assert record.mixer.unweighted_flops_per_token is not None
+    assert {"mixer_class", "fla_peer"} <= set(vars(record.config))
+
+
+class MambaMixer(GatedLinearAttention):
+    """A fifth family's mixer, for the test of declaring one."""
+
+
+class MambaConfig(GLAConfig):
+    r"""A fifth family, declared as a family is: its config names its mixer and its fla peer.
+
+    Args:
+        {family fields}
+    """
+
+    model_type = "rotarium_mamba_test"
+    family = "mamba"
+    description = "a fifth family, for the test of declaring one"
+    mixer_class = MambaMixer
+    family_fields = GLAFields
+
+    def fla_peer(self, head_k_dim, head_v_dim):
+        raise NoFlaPeer("fla has no model of this test's family")
+
+
+def test_a_family_is_its_config_and_its_mixer():
+    """A family's config and mixer are all it declares: its model classes are derived, named after the config and
+    defined in modeling's namespace, where transformers' Auto classes, auto_map and the remote code look them up."""
+    try:
+        record = family_registry(bind_family(MambaConfig))["mamba"]
+        assert record.class_names == ("MambaConfig", "MambaModel", "MambaForCausalLM")
+        for cls in (record.model, record.lm):
+            assert getattr(modeling, cls.__name__) is cls and cls.__module__ == modeling.__name__
+            assert cls.__qualname__ == cls.__name__ and cls.config_class is MambaConfig
+        assert GenerationMixin in record.lm.__bases__
+        model = record.lm(MambaConfig(hidden_size=32, num_heads=2, num_hidden_layers=1, vocab_size=64))
+        assert type(model.model.layers[0].mixer) is MambaMixer
+        assert model(torch.randint(0, 64, (1, 8))).logits.shape == (1, 8, 64)
+    finally:
+        for name in ("MambaModel", "MambaForCausalLM"):
+            vars(modeling).pop(name, None)
+
+
+def test_each_family_declares_its_fla_peer_or_why_it_has_none():
+    with pytest.raises(NoFlaPeer, match="flash-attn"):
+        preset_config("transformer-370m").fla_peer(64, 64)
+    with pytest.raises(NoFlaPeer, match="rope"):
+        preset_config("gla-370m", position_encoding="rope").fla_peer(128, 256)
+    model_type, kwargs = preset_config("deltanet-370m", use_gated_delta=True).fla_peer(128, 128)
+    assert model_type == "gated_deltanet" and (kwargs["head_dim"], kwargs["expand_v"]) == (128, 1.0)

@@ -16,8 +16,8 @@ import transformers.modeling_utils
 from transformers import AutoConfig, AutoModelForCausalLM, GenerationMixin
 from transformers.modeling_layers import GradientCheckpointingLayer
 
-from rotarium.layers import MIXERS, SoftmaxAttention
-from rotarium.models import FAMILY_MODELS, set_activation_checkpointing, with_rope_parameters
+from rotarium.layers import SoftmaxAttention
+from rotarium.models import FAMILY_MODELS, MIXERS, set_activation_checkpointing, with_rope_parameters
 from tests.asserts import assert_close_at_scale
 from tests.models.helpers import COMBINATIONS, FAMILIES, VOCAB, one_option_each, tiny_model
 

@@ -6,7 +6,8 @@ import math
 
 import torch
 
-from rotarium.layers import PositionalSettings, SequenceInfo, build_mixer
+from rotarium.layers import PositionalSettings, SequenceInfo
+from rotarium.models import build_mixer
 
 BOS, ZERO, ONE = 0, 1, 2  # rows of the identity: orthonormal token embeddings in R^8
 

@@ -7,7 +7,8 @@ import types
 import pytest
 
 import rotarium  # noqa: F401  (registers the model types)
-from rotarium.layers import MIXERS, SoftmaxAttention
+from rotarium.layers import SoftmaxAttention
+from rotarium.models import MIXERS
 from rotarium.models.configuration import CONFIGS
 from rotarium.models.modeling import FAMILY_MODELS
 from rotarium.training.flops import flops_per_token, peak_flops, weight_parameters
