@@ -48,6 +48,8 @@ class _LinearCrossEntropy(torch.autograd.Function):
         for start in range(0, N, chunk):
             end = min(start + chunk, N)
             x_chunk, chunk_valid = x[start:end], valid[start:end]
+            if low is not None:
+                x_chunk = x_chunk.to(low)  # once for the logits and the weight's gradient
             chunk_target = target[start:end].masked_fill(~chunk_valid, 0)
             # the previous chunk's logits are freed before this chunk's exist, not after
             z = grad_z = capped = None
@@ -82,14 +84,19 @@ class _LinearCrossEntropy(torch.autograd.Function):
                 grad_z.mul_(1 - capped.square())
             if logit_scale != 1.0:
                 grad_z.mul_(logit_scale)
-            if grad_x is not None:
-                grad_x[start:end] = grad_z.to(w.dtype) @ w
-            if product is not None:
-                grad_weight += torch.mm(grad_z.t().to(low), x_chunk.to(low), out=product)
-            elif grad_weight is not None:
-                grad_weight.addmm_(grad_z.t(), x_chunk.to(grad_z.dtype))
             if grad_bias is not None:
                 grad_bias += grad_z.sum(0)
+            if low is not None:
+                grad_z = grad_z.to(low)  # once for both products
+                if grad_x is not None:
+                    grad_x[start:end] = grad_z @ w
+                if product is not None:
+                    grad_weight += torch.mm(grad_z.t(), x_chunk, out=product)
+                continue
+            if grad_x is not None:
+                grad_x[start:end] = grad_z.to(w.dtype) @ w
+            if grad_weight is not None:
+                grad_weight.addmm_(grad_z.t(), x_chunk.to(grad_z.dtype))
         if loss_scale is not None:
             loss = loss * loss_scale
         ctx.save_for_backward(grad_x, grad_weight, grad_bias)

@@ -1,5 +1,6 @@
 """The chunked linear cross-entropy against the plain one (full logits, F.cross_entropy): loss and gradients, and
 the memory it holds."""
+import collections
 import weakref
 
 import pytest
@@ -78,32 +79,37 @@ def test_no_gradients_computed_when_none_are_needed():
 
 
 class Matmuls(TorchDispatchMode):
-    """The dtypes of the matmuls' factors, and how often a tensor of ``shape`` is cast to another dtype."""
+    """The dtypes of the matmuls' factors, and the shapes (sorted: a transposed tensor counts as itself) of the
+    tensors cast to another dtype."""
 
-    def __init__(self, shape: tuple[int, ...]):
+    def __init__(self):
         super().__init__()
-        self.shape, self.factors, self.casts = shape, [], 0
+        self.factors, self.casts = [], collections.Counter()
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         name = func.overloadpacket.__name__
         if name in ("mm", "addmm", "addmm_", "matmul", "bmm"):
             self.factors.append((name, *(a.dtype for a in args[-2:])))
-        if name == "_to_copy" and tuple(args[0].shape) == self.shape:
-            self.casts += 1
+        if name == "_to_copy":
+            self.casts[tuple(sorted(args[0].shape))] += 1
         return func(*args, **(kwargs or {}))
 
 
 def test_under_bf16_autocast_every_product_is_bf16_and_the_sums_float32():
     """accelerate's bf16 mixed precision on the LM head: the logits, the input's and the weight's gradients are
-    bf16 products (as autocast makes a linear layer's), the weight cast once for all chunks; the softmax, the loss and
-    the weight gradient's sum over chunks stay float32, so the results keep to bf16's rounding of the float32 ones."""
+    bf16 products (as autocast makes a linear layer's), the weight cast once for all chunks, each chunk's input once
+    and its logits twice (to float32, and their gradient back); the softmax, the loss and the weight gradient's sum
+    over chunks stay float32, so the results keep to bf16's rounding of the float32 ones."""
     x, target, weight, bias = leaves(bias=True)
     loss_ref, grads_ref = loss_and_grads(plain, x, target, weight, bias)
-    with Matmuls(tuple(weight.shape)) as matmuls, torch.autocast("cpu", dtype=torch.bfloat16):
+    with Matmuls() as matmuls, torch.autocast("cpu", dtype=torch.bfloat16):
         loss, grads = loss_and_grads(fused_linear_cross_entropy_loss, x, target, weight, bias, num_chunks=4)
     assert len(matmuls.factors) == 4 * 3
     assert all(factors[1:] == (torch.bfloat16, torch.bfloat16) for factors in matmuls.factors), matmuls.factors
-    assert matmuls.casts == 1
+    chunk = -(-N // 4)
+    assert matmuls.casts[D, V] == 1
+    assert matmuls.casts[chunk, V] == 2 * (N // chunk) and matmuls.casts[N % chunk, V] == 2, matmuls.casts
+    assert matmuls.casts[chunk, D] == N // chunk and matmuls.casts[N % chunk, D] == 1, matmuls.casts
     assert loss.dtype == torch.float32 and [g.dtype for g in grads] == [torch.float32] * 3
     assert_close_at_scale(loss, loss_ref, 2e-2)
     for grad, grad_ref in zip(grads, grads_ref, strict=True):
