@@ -47,6 +47,7 @@ from rotarium.data.config import DataSection
 from rotarium.data.heldout import ALLOW_FLAG, RECORD_KEY, check_source
 from rotarium.training.config import Config, field_types, flatten
 from rotarium.training.run_folder import ACCELERATE_STATE, TRAINING_ARGS, read_trainer_state
+from rotarium.training.state import LoopCounters, SavedPart, TrainerState
 
 if TYPE_CHECKING:
     from rotarium.data.documents import StreamShards
@@ -192,7 +193,16 @@ def check_config(checkpoint: Path, config: Config, allowed: set[str]) -> None:
         logger.warning("--resume: %s changes from %r to %r", key, old, new)
     if "train.max_steps" in differences and config.optim.schedule != "constant":
         logger.warning("--resume: train.max_steps changes, and with it the %s learning-rate schedule from step %d on",
-                       config.optim.schedule, read_trainer_state(checkpoint)["step"])
+                       config.optim.schedule, recorded_state(checkpoint).counters.step)
+
+
+def recorded_state(checkpoint: Path) -> TrainerState:
+    """``checkpoint``'s ``trainer_state.json`` read through the parts a run loads (:class:`TrainerState`): the loop's
+    counters, and the data position as the checkpoint saved it (``parts["data"]``, a :class:`SavedPart`, empty where
+    an older rotarium saved none)."""
+    state = TrainerState(LoopCounters(), {"data": SavedPart()})
+    state.load_state_dict(read_trainer_state(checkpoint))
+    return state
 
 
 def recorded_held_out(checkpoint: Path) -> tuple[Any, str]:
@@ -216,7 +226,7 @@ def check_data(checkpoint: Path, cfg: DataSection, now: dict[str, Any] | None, a
     with the one in the checkpoint's held-out record (:func:`~rotarium.data.heldout.check_source`). A streaming run
     (``layout``: the layout of its ``stream`` now, :func:`~rotarium.data.stream.stream_layout`) is also checked by
     :func:`check_stream`."""
-    recorded = read_trainer_state(checkpoint).get("data")
+    recorded = recorded_state(checkpoint).parts["data"].state_dict()
     if layout is not None:
         check_stream(checkpoint, recorded, layout, cfg.source, allowed)
     if now is None:

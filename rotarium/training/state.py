@@ -13,6 +13,7 @@ counters start afresh, the data position is the one the step implies.
 """
 from __future__ import annotations
 
+import copy
 import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -60,6 +61,20 @@ class TrainerState:
         self.counters.load_state_dict(state)
         for name, part in self.parts.items():
             part.load_state_dict(state[name] if isinstance(state.get(name), dict) else {})
+
+
+class SavedPart:
+    """A part as a checkpoint saved it, held rather than applied: what ``--resume``'s checks read of a checkpoint
+    (the data position it recorded) before the run's own parts exist."""
+
+    def __init__(self) -> None:
+        self.saved: dict[str, Any] = {}
+
+    def state_dict(self) -> dict[str, Any]:
+        return copy.deepcopy(self.saved)
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.saved = state
 
 
 class PositionedLoader(Protocol):

@@ -8,8 +8,10 @@ import json
 
 import pytest
 
+from rotarium.data.config import DataSection
 from rotarium.training.config import load_config
 from rotarium.training.guard import LossGuard
+from rotarium.training.resume import check_data, recorded_state
 from rotarium.training.run_folder import CHECKSUMS, TRAINER_STATE, read_trainer_state
 from rotarium.training.state import DataPosition, LoopCounters, TrainerState
 from rotarium.training.trainer import Trainer
@@ -66,6 +68,25 @@ def test_a_state_without_a_part_leaves_it_fresh_and_the_data_at_the_step():
     state.load_state_dict({"step": 4, "tokens": 512, "bad_steps_in_a_row": 0, "skipped_steps": 0})
     assert counters.step == 4 and guard.state_dict() == LossGuard(3.0, 2, 320).state_dict()
     assert loader.restored == (4, {})
+
+
+def test_the_resume_checks_read_a_checkpoint_through_its_parts(tmp_path):
+    """``--resume``'s checks read the step and the data position through the parts a run loads (the counters, the
+    data position as saved), not the file's keys: a checkpoint an earlier rotarium wrote reads the same."""
+    checkpoint = tmp_path / "step-2"
+    checkpoint.mkdir()
+    identified = {**TODAYS_STATE["data"], "prepared": "a" * 64, "tokenizer": "b" * 64}
+    write_json_atomic(checkpoint / TRAINER_STATE, {**TODAYS_STATE, "data": identified})
+    state = recorded_state(checkpoint)
+    assert state.counters == LoopCounters(step=2, tokens=256, bad_steps_in_a_row=0, skipped_steps=1)
+    assert state.parts["data"].state_dict()["prepared"] == "a" * 64
+    with pytest.raises(ValueError, match=r"its content differs \(fingerprint aaaaaaaaaaaa -> cccccccccccc\)"):
+        check_data(checkpoint, DataSection(source="folder"), {"prepared": "c" * 64, "tokenizer": "b" * 64}, set())
+    write_json_atomic(checkpoint / TRAINER_STATE, {key: TODAYS_STATE[key] for key in ("step", "tokens")})
+    state = recorded_state(checkpoint)  # written before the parts were saved: what is missing reads empty
+    assert state.counters == LoopCounters(step=2, tokens=256) and state.parts["data"].state_dict() == {}
+    assert check_data(checkpoint, DataSection(source="folder"), {"prepared": "c" * 64, "tokenizer": "b" * 64},
+                      set()) is False  # no identity recorded: nothing to compare (with a warning)
 
 
 @pytest.mark.slow
