@@ -35,7 +35,7 @@ from rotarium.data.heldout import (
 )
 from rotarium.data.prepared import DocumentEncoder, PreparedCorpus, is_prepared, tokenizer_fingerprint
 from rotarium.evaluation.outputs import check_result_paths, result_path
-from rotarium.evaluation.tasks import EvalRun, EvalTask, Flag, training_length
+from rotarium.evaluation.tasks import EvalRun, EvalTask, Flag
 from rotarium.utils.files import make_folder, write_json_atomic
 from rotarium.utils.plots import save_figure
 
@@ -46,6 +46,9 @@ logger = logging.getLogger(__name__)
 
 RESULT_FILES = ("perplexity.json", "perplexity.png")
 MAX_TOKENS = 65536
+# The lengths perplexity is scored at where no training length scales them (Perplexity.default_lengths), and
+# rotarium train's eval.context_lengths without one given.
+DEFAULT_LENGTHS = (64, 128, 256, 512)
 
 
 def stream_tokens(tokenizer: PreTrainedTokenizerBase, texts: list[str]) -> torch.Tensor:
@@ -56,12 +59,15 @@ def stream_tokens(tokenizer: PreTrainedTokenizerBase, texts: list[str]) -> torch
     return torch.from_numpy(tokens)
 
 
-def evaluation_tokens(text: list[str] | PreparedCorpus, tokenizer: PreTrainedTokenizerBase,
+def evaluation_tokens(text: list[str] | PreparedCorpus | torch.Tensor, tokenizer: PreTrainedTokenizerBase,
                       limit: int) -> torch.Tensor:
     """The token stream ``[N]`` to score: documents tokenised and framed as training frames them
     (:func:`stream_tokens`), or a prepared folder's validation split as it is stored, its first ``limit`` tokens
-    (all of them are never needed: see :func:`perplexity_by_context`). Raises ``ValueError`` when ``tokenizer`` is
+    (all of them are never needed: see :func:`perplexity_by_context`), or ``text`` itself where it is already that
+    stream (a job scoring one text at several lengths tokenises it once). Raises ``ValueError`` when ``tokenizer`` is
     not the folder's: its ids would mean other text."""
+    if isinstance(text, torch.Tensor):
+        return text
     if not isinstance(text, PreparedCorpus):
         return stream_tokens(tokenizer, text)
     if tokenizer_fingerprint(tokenizer) != text.tokenizer_sha256:
@@ -218,10 +224,14 @@ def evaluation_documents(data: str, model_dir: str | os.PathLike | None = None, 
 
 
 @dataclass(frozen=True)
-class _Texts:
-    documents: list[str] | PreparedCorpus
+class PerplexityTexts:
+    """What :meth:`Perplexity.evaluate` scores: ``documents`` (for :func:`evaluation_tokens`), how tables name them
+    (``description``), the tokens scored per length (``max_tokens``) and what a plot's title says was measured
+    (``measure``; perplexity on the description without it)."""
+    documents: list[str] | PreparedCorpus | torch.Tensor
     description: str
     max_tokens: int
+    measure: str | None = None
 
 
 class Perplexity(EvalTask):
@@ -244,10 +254,11 @@ class Perplexity(EvalTask):
     lengths_help = "half, 1x, 2x and 4x the training length"
 
     def default_lengths(self, train_length: int | None) -> list[int]:
-        return sorted({max(2, train_length // 2 if train_length else 64), *(
-            (train_length * m for m in (1, 2, 4)) if train_length else (128, 256, 512))})
+        if not train_length:
+            return list(DEFAULT_LENGTHS)
+        return sorted({max(2, train_length // 2), *(train_length * m for m in (1, 2, 4))})
 
-    def prepare(self, run: EvalRun) -> _Texts:
+    def prepare(self, run: EvalRun) -> PerplexityTexts:
         args = run.args
         max_tokens = MAX_TOKENS if args.max_tokens is None else args.max_tokens
         check_settings(max_tokens, args.batch_size)
@@ -255,24 +266,25 @@ class Perplexity(EvalTask):
         documents, description = evaluation_documents("validation" if args.data is None else args.data,
                                                       args.model if run.local else None,
                                                       allow_data_change=args.allow_data_change)
-        return _Texts(documents, description, max_tokens)
+        return PerplexityTexts(documents, description, max_tokens)
 
-    def evaluate(self, prepared: _Texts, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase,
+    def evaluate(self, prepared: PerplexityTexts, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase,
                  run: EvalRun) -> dict[str, Any]:
-        train_length = training_length(model)
+        train_length = run.training_length(model)
         lengths = run.lengths(self, train_length)
         tokens = evaluation_tokens(prepared.documents, tokenizer, max(prepared.max_tokens, *lengths))
         rows = perplexity_by_context(model, tokens, lengths, max_tokens=prepared.max_tokens,
-                                     batch_size=run.args.batch_size)
+                                     batch_size=run.args.batch_size, progress=run.progress)
+        measure = prepared.measure or f"perplexity on {prepared.description}"
         return {"rows": rows, "description": prepared.description, "tokens": tokens.numel(),
-                "train_length": train_length}
+                "train_length": train_length, "measure": measure}
 
     def summary(self, record: dict[str, Any], run: EvalRun) -> str:
         return (f"{run.model_name}{run.scaled} on {record['description']} ({record['tokens']} tokens):\n"
                 f"{format_table(record['rows'], record['train_length'])}")
 
     def save(self, record: dict[str, Any], run: EvalRun) -> tuple[Path, ...]:
-        return save_results(record["rows"], run.output, title=run.title(f"perplexity on {record['description']}"),
+        return save_results(record["rows"], run.output, title=run.title(record["measure"]),
                             train_length=record["train_length"], rope_scaling=run.rope_scaling)
 
     def wrote(self, paths: Sequence[Path]) -> str:

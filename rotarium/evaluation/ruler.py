@@ -41,7 +41,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from rotarium.evaluation.outputs import check_result_paths, result_path
-from rotarium.evaluation.tasks import EvalRun, EvalTask, Flag, training_length
+from rotarium.evaluation.tasks import EvalRun, EvalTask, Flag
 from rotarium.utils.files import make_folder, write_json_atomic, write_text_atomic
 from rotarium.utils.plots import save_figure
 
@@ -86,6 +86,10 @@ VT_EXAMPLE_TOKENS = 500  # RULER's in-context example of variable tracking is si
 CWE_SHORT = 4096  # below this length RULER's common words repeat less (6 and 1, not 30 and 3) and so does its example
 ZETA_2 = math.pi ** 2 / 6  # fwe draws word counts from Zipf's law with RULER's alpha = 2
 SAMPLES, SEED = 100, 42  # --samples and --seed when not given (RULER's tables use 500)
+# The lengths RULER runs at without --context-lengths: these multiples of the training length (of UNTRAINED_LENGTH
+# for a model without one), the span of the papers' RULER tables; rotarium extrapolation's --ruler-multiples too.
+MULTIPLES = (1, 2, 4, 8)
+UNTRAINED_LENGTH = 1024
 Z95 = 1.959963984540054  # the normal quantile of a two-sided 95% interval
 BOOTSTRAP = 1000  # resamples of the answer NLL's bootstrap interval
 RESULT_FILES = ("ruler.json", "ruler.md", "ruler.png")
@@ -975,7 +979,9 @@ def save_ruler(report: dict[str, Any], folder: str | Path, *, title: str,
 
 
 @dataclass(frozen=True)
-class _Asked:
+class RulerRequest:
+    """What :meth:`Ruler.evaluate` runs: the tasks, the samples per task and length, the seed they are drawn from,
+    the words of their keys and the texts the essay and QA tasks read."""
     tasks: list[str]
     num_samples: int
     seed: int
@@ -1014,10 +1020,10 @@ class Ruler(EvalTask):
         return list(TASKS)
 
     def default_lengths(self, train_length: int | None) -> list[int]:
-        """1x, 2x, 4x and 8x the training length (1024 to 8192 without one), the span of the papers' RULER tables."""
-        return [(train_length or 1024) * m for m in (1, 2, 4, 8)]
+        """:data:`MULTIPLES` of the training length (of :data:`UNTRAINED_LENGTH` without one)."""
+        return [(train_length or UNTRAINED_LENGTH) * m for m in MULTIPLES]
 
-    def prepare(self, run: EvalRun) -> _Asked:
+    def prepare(self, run: EvalRun) -> RulerRequest:
         args = run.args
         texts = RulerTexts.read(args.ruler_haystack, args.ruler_qa or ())
         tasks = parse_tasks(args.ruler, texts)
@@ -1027,16 +1033,16 @@ class Ruler(EvalTask):
             texts.check(task, samples)
         check_result_paths(run.output, RESULT_FILES, run.rope_scaling, run.what)
         words = load_words() if args.ruler_words is None else load_words(args.ruler_words)
-        return _Asked(tasks, samples, SEED if args.seed is None else args.seed, words, texts)
+        return RulerRequest(tasks, samples, SEED if args.seed is None else args.seed, words, texts)
 
-    def evaluate(self, prepared: _Asked, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase,
+    def evaluate(self, prepared: RulerRequest, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase,
                  run: EvalRun) -> dict[str, Any]:
         """The report ``ruler.json`` holds: the settings, then :func:`evaluate_ruler`'s rows and samples."""
-        train_length = training_length(model)
+        train_length = run.training_length(model)
         lengths = sorted(set(run.lengths(self, train_length)))
         result = evaluate_ruler(model, tokenizer, prepared.tasks, lengths, num_samples=prepared.num_samples,
                                 seed=prepared.seed, batch_size=run.args.batch_size, words=prepared.words,
-                                texts=prepared.texts)
+                                progress=run.progress, texts=prepared.texts)
         return {"model": run.model_name, "tasks": list(prepared.tasks), "context_lengths": lengths,
                 "samples_per_length": prepared.num_samples, "seed": prepared.seed, "words": prepared.words.name,
                 "haystack": prepared.texts.haystack, "qa": [qa.path for qa in prepared.texts.qa],

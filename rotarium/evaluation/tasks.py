@@ -11,11 +11,17 @@ torchtitan's validator keep one definition per task and per setting.
 Flags every evaluation reads keep one meaning: ``--context-lengths`` are the lengths it runs at (each evaluation's
 :meth:`EvalTask.default_lengths` without it), ``--batch-size`` the sequences in one forward pass (perplexity's
 windows, RULER's prompts, lm-eval's requests), and ``--rope-scaling`` names its files (:mod:`.outputs`).
+
+The jobs that evaluate a model they have just trained (``rotarium train``'s evaluation at the end, ``rotarium
+extrapolation``'s scoring) run the same tasks: they build an :class:`EvalRun` with :meth:`EvalRun.of` and hand
+:meth:`EvalTask.evaluate` what :meth:`EvalTask.prepare` would have read (the texts they hold), so there is one way to
+run an evaluation.
 """
 from __future__ import annotations
 
 import argparse
 import json
+import os
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -48,11 +54,27 @@ class Flag:
 @dataclass(frozen=True)
 class EvalRun:
     """What the command hands every evaluation: its parsed flags, where results go (``what``: how messages name
-    that folder) and ``--rope-scaling`` as ``rope_parameters`` (or None)."""
+    that folder) and ``--rope-scaling`` as ``rope_parameters`` (or None). A job that runs an evaluation itself may say
+    how titles name the model (``label``; the ``--model`` folder's name by default), the length the model was trained
+    at where it knows it (``train_length``; the model config's ``max_position_embeddings`` by default) and whether
+    progress bars show (``progress``)."""
     args: argparse.Namespace
     output: Path
     what: str
     rope_scaling: dict[str, Any] | None = None
+    label: str | None = None
+    train_length: int | None = None
+    progress: bool = True
+
+    @classmethod
+    def of(cls, model_name: str, output: str | os.PathLike, *, context_lengths: Sequence[int], batch_size: int,
+           **settings: Any) -> EvalRun:
+        """The run of a job other than the command (``rotarium train``, ``rotarium extrapolation``): the settings
+        every evaluation reads (``model_name``, how records name the model; ``context_lengths``, ``batch_size``, and
+        the other fields of this class as ``settings``). It hands :meth:`EvalTask.evaluate` what ``prepare`` would
+        have read from an evaluation's own flags, so those are not set."""
+        args = argparse.Namespace(model=model_name, context_lengths=list(context_lengths), batch_size=batch_size)
+        return cls(args, Path(output), "the evaluation folder", **settings)
 
     @property
     def model_name(self) -> str:
@@ -69,12 +91,18 @@ class EvalRun:
         return f" with RoPE scaling {json.dumps(self.rope_scaling)}" if self.rope_scaling is not None else ""
 
     def title(self, what: str) -> str:
-        """The title of a table or plot: the model's folder name, its scaling, and ``what`` was measured."""
-        return f"{Path(self.model_name).name}{self.scaled}: {what}"
+        """The title of a table or plot: the model's label (its folder name), its scaling, and ``what`` was
+        measured."""
+        label = self.label if self.label is not None else Path(self.model_name).name
+        return f"{label}{self.scaled}: {what}"
 
     def lengths(self, task: EvalTask, train_length: int | None) -> list[int] | None:
         """``--context-lengths`` as given, else ``task``'s own defaults."""
         return self.args.context_lengths or task.default_lengths(train_length)
+
+    def training_length(self, model: PreTrainedModel) -> int | None:
+        """The length ``model`` was trained at: ``train_length`` where given, else :func:`training_length`."""
+        return self.train_length if self.train_length is not None else training_length(model)
 
 
 def training_length(model: PreTrainedModel) -> int | None:

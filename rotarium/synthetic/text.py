@@ -2,10 +2,10 @@
 
 Every family x positional option x seed trains the same small model (the training job's, ``rotarium train``) for
 the same number of tokens at one sequence length on the same corpus with one shared tokenizer, then scores the
-run's held-out documents at context lengths from the training length to a multiple of it
-(:func:`rotarium.evaluation.perplexity.perplexity_by_context`). With ``--yarn`` the options that rotate by position
-(RoPE, RoVE) are scored again with YaRN at each longer length (factor: that length over the training length), and
-with ``--ruler`` each run also answers RULER's synthetic tasks (:mod:`rotarium.evaluation.ruler`) from the training
+run's held-out documents at context lengths from the training length to a multiple of it (``rotarium eval``'s
+perplexity task, :data:`rotarium.evaluation.registry.EVAL_TASKS`). With ``--yarn`` the options that rotate by
+position (RoPE, RoVE) are scored again with YaRN at each longer length (factor: that length over the training
+length), and with ``--ruler`` each run also answers RULER's synthetic tasks (its RULER task) from the training
 length to a multiple of it, scored by generation and by the answer's likelihood. Each finished run appends its rows
 to ``extrapolation.csv`` (and ``ruler.csv``); a rerun skips the runs there with the same settings and resumes an
 interrupted run from its last checkpoint. ``extrapolation.md`` (median and min-max over seeds, the papers' claims
@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from rotarium.evaluation.ruler import MULTIPLES as RULER_MULTIPLES
 from rotarium.evaluation.verdicts import (
     DEGRADES,
     Precondition,
@@ -44,6 +45,9 @@ from rotarium.utils.files import check_writable_folder, read_csv_rows, write_csv
 from rotarium.utils.plots import save_figure
 
 if TYPE_CHECKING:
+    import torch
+    from transformers import PreTrainedTokenizerBase
+
     from rotarium.training.config import Config
 
 # Debian's python3-doc package (`apt-get install python3-doc`): Python's full documentation as reStructuredText,
@@ -93,7 +97,7 @@ class Scoring:
     eval_tokens: int = 16384
     yarn: bool = False
     ruler_tasks: tuple[str, ...] = ()
-    ruler_multiples: tuple[int, ...] = (1, 2, 4, 8)
+    ruler_multiples: tuple[int, ...] = RULER_MULTIPLES
     ruler_samples: int = 20
     # (task, multiple) pairs whose prompt fits the length: set by `fitting_ruler` before any run
     ruler_fits: tuple[tuple[str, int], ...] = ()
@@ -199,11 +203,7 @@ def shared_tokenizer(overrides: dict[str, Any], folder: Path) -> Path:
 def train_and_score(overrides: dict[str, Any], unit: Unit, tokenizer: str, run_dir: str, scoring: Scoring,
                     progress: bool = False) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """Trains one unit (resuming its run folder) and scores it: ``(perplexity rows, RULER rows)``."""
-    import torch
-
-    from rotarium.evaluation.perplexity import perplexity_by_context, stream_tokens
-    from rotarium.evaluation.ruler import evaluate_ruler, load_words
-    from rotarium.models import with_rope_parameters
+    from rotarium.evaluation.perplexity import stream_tokens
     from rotarium.training.trainer import Trainer
 
     config = unit_config(overrides, unit, Path(tokenizer))
@@ -213,6 +213,35 @@ def train_and_score(overrides: dict[str, Any], unit: Unit, tokenizer: str, run_d
     train_seconds = time.perf_counter() - start
     model = trainer.accelerator.unwrap_model(trainer.model).eval()
     L = config.data.seq_len
+    tokens = stream_tokens(trainer.tokenizer, trainer.data.validation_documents)
+    m, t = config.model, config.train
+    # the uniform guess the verdicts compare a NLL with is over the model's output vocabulary
+    shared = {"family": unit.family, "position": unit.position, "seed": unit.seed, "train_length": L,
+              "vocab_size": model.config.vocab_size, "settings": settings_key(config)}
+    perplexity, ruler = score_model(model, trainer.tokenizer, tokens, L, t.batch_size, unit.position, scoring,
+                                    progress, name=str(run_dir))
+    run = {"train_tokens": result.steps * trainer.tokens_per_step, "steps": t.max_steps, "batch_size": t.batch_size,
+           "lr": config.optim.lr, "num_layers": m.num_hidden_layers, "hidden_size": m.hidden_size,
+           "num_heads": m.num_heads, "parameters": sum(p.numel() for p in model.parameters()),
+           "train_seconds": round(train_seconds, 1),
+           "eval_seconds": round(time.perf_counter() - start - train_seconds, 1)}
+    return [{**shared, **row, **run} for row in perplexity], [{**shared, **row} for row in ruler]
+
+
+def score_model(model: torch.nn.Module, tokenizer: PreTrainedTokenizerBase, documents: list[str] | torch.Tensor,
+                train_length: int, batch_size: int, position: str, scoring: Scoring, progress: bool = False, *,
+                name: str = "model") -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """A trained model's rows, each with its ``rope_scaling``: perplexity on ``documents`` (or their token stream)
+    at each of ``scoring``'s multiples of ``train_length``, and the RULER tasks that fit there, through ``rotarium
+    eval``'s evaluation tasks (:data:`~rotarium.evaluation.registry.EVAL_TASKS`), one length at a time; with YaRN too
+    where ``scoring`` asks for it and ``position`` rotates by position. ``name``: how records name the model."""
+    import torch
+
+    from rotarium.evaluation.perplexity import PerplexityTexts
+    from rotarium.evaluation.registry import EVAL_TASKS
+    from rotarium.evaluation.ruler import SEED, RulerRequest, RulerTexts, load_words
+    from rotarium.evaluation.tasks import EvalRun
+    from rotarium.models import with_rope_parameters
 
     def scored(scaling: str, multiple: int) -> torch.nn.Module:
         # YaRN stretched to the length it reads; at the training length its factor is 1, the model itself
@@ -220,32 +249,24 @@ def train_and_score(overrides: dict[str, Any], unit: Unit, tokenizer: str, run_d
             return model
         return with_rope_parameters(model, {"rope_type": scaling, "factor": float(multiple)})
 
-    tokens = stream_tokens(trainer.tokenizer, trainer.data.validation_documents)
-    m, t = config.model, config.train
-    # the uniform guess the verdicts compare a NLL with is over the model's output vocabulary
-    shared = {"family": unit.family, "position": unit.position, "seed": unit.seed, "train_length": L,
-              "vocab_size": model.config.vocab_size, "settings": settings_key(config)}
-    perplexity, ruler = [], []
+    def at(multiple: int) -> EvalRun:
+        return EvalRun.of(name, name, context_lengths=[multiple * train_length], batch_size=batch_size,
+                          progress=progress)
+
+    texts = PerplexityTexts(documents, "the held-out documents", scoring.eval_tokens)
     words = load_words(RULER_WORDS) if scoring.ruler_fits else None
+    perplexity, ruler = [], []
     with torch.no_grad():
-        for scaling in scoring.scalings(unit.position):
+        for scaling in scoring.scalings(position):
             for multiple in scoring.multiples:
-                rows = perplexity_by_context(scored(scaling, multiple), tokens, [multiple * L],
-                                             max_tokens=scoring.eval_tokens, batch_size=t.batch_size,
-                                             progress=progress)
-                perplexity += [{**shared, "rope_scaling": scaling, **row} for row in rows]
+                record = EVAL_TASKS["perplexity"].evaluate(texts, scored(scaling, multiple), tokenizer, at(multiple))
+                perplexity += [{"rope_scaling": scaling, **row} for row in record["rows"]]
             for multiple in sorted({multiple for _, multiple in scoring.ruler_fits}):
                 tasks = [task for task, fit in scoring.ruler_fits if fit == multiple]
-                report = evaluate_ruler(scored(scaling, multiple), trainer.tokenizer, tasks, [multiple * L],
-                                        num_samples=scoring.ruler_samples, batch_size=t.batch_size, words=words,
-                                        progress=progress)
-                ruler += [{**shared, "rope_scaling": scaling, **row} for row in report["rows"]]
-    run = {"train_tokens": result.steps * trainer.tokens_per_step, "steps": t.max_steps, "batch_size": t.batch_size,
-           "lr": config.optim.lr, "num_layers": m.num_hidden_layers, "hidden_size": m.hidden_size,
-           "num_heads": m.num_heads, "parameters": sum(p.numel() for p in model.parameters()),
-           "train_seconds": round(train_seconds, 1),
-           "eval_seconds": round(time.perf_counter() - start - train_seconds, 1)}
-    return [{**row, **run} for row in perplexity], ruler
+                request = RulerRequest(tasks, scoring.ruler_samples, SEED, words, RulerTexts())
+                record = EVAL_TASKS["ruler"].evaluate(request, scored(scaling, multiple), tokenizer, at(multiple))
+                ruler += [{"rope_scaling": scaling, **row} for row in record["rows"]]
+    return perplexity, ruler
 
 
 def _worker(args: tuple) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
@@ -701,8 +722,9 @@ def add_commands(subparsers: argparse._SubParsersAction) -> None:
                         help=f"comma-separated subset of {','.join(POSITIONS)}")
     parser.add_argument("--seeds", type=int_list("--seeds", minimum=0), default=[0, 1, 2],
                         help="comma-separated seeds (default 0,1,2)")
-    parser.add_argument("--multiples", type=int_list("--multiples"), default=[1, 2, 4, 8],
-                        help="context lengths as multiples of data.seq_len (default 1,2,4,8)")
+    parser.add_argument("--multiples", type=int_list("--multiples"), default=list(Scoring.multiples),
+                        help="context lengths as multiples of data.seq_len (default "
+                             f"{','.join(map(str, Scoring.multiples))})")
     parser.add_argument("--eval-tokens", type=int, default=16384,
                         help="held-out tokens scored at each context length (default 16384)")
     parser.add_argument("--yarn", action="store_true",
@@ -711,9 +733,9 @@ def add_commands(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--ruler", metavar="TASKS",
                         help="RULER tasks each run also answers (e.g. niah_single_1,vt; rotarium eval --ruler's "
                              "names), scored by generation and by the answer's likelihood")
-    parser.add_argument("--ruler-multiples", type=int_list("--ruler-multiples"), default=[1, 2, 4, 8],
-                        help="RULER's context lengths as multiples of data.seq_len (default 1,2,4,8); a task is "
-                             "scored where its prompt fits")
+    parser.add_argument("--ruler-multiples", type=int_list("--ruler-multiples"), default=list(Scoring.ruler_multiples),
+                        help="RULER's context lengths as multiples of data.seq_len (default "
+                             f"{','.join(map(str, Scoring.ruler_multiples))}); a task is scored where its prompt fits")
     parser.add_argument("--ruler-samples", type=int, default=20,
                         help="RULER samples per task and length, the same for every run (default 20)")
     parser.add_argument("--output-dir", default="docs/text_extrapolation", help="where the table, CSV and plot go")

@@ -144,22 +144,25 @@ def run_train(args: argparse.Namespace) -> int:
 
 
 def evaluate_and_sample(trainer: Trainer, final_dir: Path) -> None:
-    """Perplexity against context length on the held-out documents, and one sample, with the final weights."""
+    """Perplexity against context length on the held-out documents (``rotarium eval``'s perplexity task, at
+    ``eval.context_lengths``), and one sample, with the final weights."""
     from rotarium.evaluation.generate import generate_text
-    from rotarium.evaluation.perplexity import evaluation_tokens, format_table, perplexity_by_context, save_results
+    from rotarium.evaluation.perplexity import PerplexityTexts
+    from rotarium.evaluation.registry import EVAL_TASKS
+    from rotarium.evaluation.tasks import EvalRun
     from rotarium.training.run_folder import EVAL
 
     config = trainer.config
     model = trainer.accelerator.unwrap_model(trainer.model).eval()
     model.config.use_cache = True
-    tokens = evaluation_tokens(trainer.data.held_out, trainer.tokenizer,
-                               max(config.data.max_validation_tokens, *config.eval.context_lengths))
-    rows = perplexity_by_context(model, tokens, list(config.eval.context_lengths),
-                                 max_tokens=config.data.max_validation_tokens, batch_size=config.train.batch_size)
-    print(f"perplexity on the held-out documents against context length (trained at {config.data.seq_len}):")
-    print(format_table(rows, config.data.seq_len))
-    save_results(rows, final_dir / EVAL, title=f"{trainer.run_dir.name}: validation perplexity",
-                 train_length=config.data.seq_len)
+    task = EVAL_TASKS["perplexity"]
+    run = EvalRun.of(str(final_dir), final_dir / EVAL, context_lengths=config.eval.context_lengths,
+                     batch_size=config.train.batch_size, label=trainer.run_dir.name, train_length=config.data.seq_len)
+    texts = PerplexityTexts(trainer.data.held_out, "the held-out documents", config.data.max_validation_tokens,
+                            measure="validation perplexity")
+    record = task.evaluate(texts, model, trainer.tokenizer, run)
+    print(task.summary(record, run))
+    task.save(record, run)
     sample = generate_text(model, trainer.tokenizer, config.eval.sample_prompt,
                            max_new_tokens=config.eval.sample_tokens, seed=config.train.seed)[0]
     print(f"sample: {sample!r}")

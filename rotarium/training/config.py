@@ -16,6 +16,7 @@ from typing import Any
 import yaml
 
 from rotarium.data.config import DEFAULT_SEED, DataSection
+from rotarium.evaluation.perplexity import DEFAULT_LENGTHS as PERPLEXITY_LENGTHS
 from rotarium.layers.positional import POSITION_ENCODINGS
 from rotarium.models.modeling import FAMILY_MODELS
 
@@ -101,7 +102,7 @@ class EvalSection:
     """What ``rotarium train`` evaluates with the final weights."""
     run_after: bool = field(default=True, metadata={"help": "evaluate and sample once training ends"})
     context_lengths: list = field(
-        default_factory=lambda: [64, 128, 256, 512], metadata={"help": "context lengths of the perplexity table"})
+        default_factory=lambda: list(PERPLEXITY_LENGTHS), metadata={"help": "context lengths of the perplexity table"})
     sample_prompt: str = field(default="The for statement", metadata={"help": "prompt of the sample"})
     sample_tokens: int = field(default=48, metadata={"help": "tokens sampled"})
 

@@ -148,3 +148,66 @@ def test_a_registered_evaluation_s_flags_are_refused_where_it_does_not_run(toy, 
     assert "--data applies to perplexity only, which --ruler, --tasks and --toy replace" in message
     assert "--toy 'other': choose from text" in error_line(run([*model, "--toy", "other"], capsys), "eval")
     assert not (tmp_path / "out").exists()
+
+
+def _spied(monkeypatch, calls: list[str]) -> None:
+    """Records each registered evaluation's ``evaluate`` as it runs."""
+    for name, task in EVAL_TASKS.items():
+        def evaluate(*args, _name=name, _run=task.evaluate, **kwargs):
+            calls.append(_name)
+            return _run(*args, **kwargs)
+
+        monkeypatch.setattr(task, "evaluate", evaluate)
+
+
+def test_rotarium_train_evaluates_through_the_perplexity_task(tiny_model, tokenizer, tmp_path, monkeypatch, capsys):
+    """The evaluation `rotarium train` runs with the final weights is the registry's perplexity task, with the run's
+    lengths (eval.context_lengths, whose default is the task's) and held-out documents: the numbers and files it
+    writes are the ones perplexity_by_context gives, titled after the run."""
+    from types import SimpleNamespace
+
+    from rotarium.data.documents import embedded_documents
+    from rotarium.evaluation.perplexity import DEFAULT_LENGTHS, evaluation_tokens, perplexity_by_context
+    from rotarium.training.cli import evaluate_and_sample
+    from rotarium.training.config import EvalSection, load_config
+
+    assert EvalSection().context_lengths == list(DEFAULT_LENGTHS) == EVAL_TASKS["perplexity"].default_lengths(None)
+    config = load_config(None, {"eval.context_lengths": [16, 48], "data.max_validation_tokens": 256,
+                                "train.batch_size": 3, "data.seq_len": 32, "eval.sample_tokens": 2})
+    documents = embedded_documents()[60:70]
+    trainer = SimpleNamespace(config=config, model=tiny_model, tokenizer=tokenizer, run_dir=tmp_path / "run",
+                              accelerator=SimpleNamespace(unwrap_model=lambda model: model),
+                              data=SimpleNamespace(held_out=documents))
+    calls: list[str] = []
+    _spied(monkeypatch, calls)
+    evaluate_and_sample(trainer, tmp_path / "final")
+    assert calls == ["perplexity"]
+    tokens = evaluation_tokens(documents, tokenizer, 256)
+    expected = perplexity_by_context(tiny_model, tokens, [16, 48], max_tokens=256, batch_size=3, progress=False)
+    assert json.loads((tmp_path / "final" / "eval" / "perplexity.json").read_text()) == expected
+    assert (tmp_path / "final" / "eval" / "perplexity.png").stat().st_size > 1000
+    out = capsys.readouterr().out
+    assert "| 48 (beyond training) |" in out and "sample: " in out
+
+
+def test_rotarium_extrapolation_scores_through_the_evaluation_tasks(tiny_model, tokenizer, monkeypatch):
+    """`rotarium extrapolation` scores each run with the registry's perplexity and RULER tasks, one length at a
+    time: the rows are the ones perplexity_by_context and evaluate_ruler give."""
+    from rotarium.data.documents import embedded_documents
+    from rotarium.evaluation.perplexity import perplexity_by_context, stream_tokens
+    from rotarium.evaluation.ruler import evaluate_ruler, load_words
+    from rotarium.synthetic.text import RULER_WORDS, Scoring, score_model
+
+    documents = embedded_documents()[60:80]
+    scoring = Scoring(multiples=(1, 2), eval_tokens=768, ruler_tasks=("niah_single_1",), ruler_multiples=(2,),
+                      ruler_samples=2, ruler_fits=(("niah_single_1", 2),))
+    calls: list[str] = []
+    _spied(monkeypatch, calls)
+    perplexity, ruler = score_model(tiny_model, tokenizer, documents, 192, 2, "nope", scoring)
+    assert calls == ["perplexity", "perplexity", "ruler"]
+    tokens = stream_tokens(tokenizer, documents)
+    assert perplexity == [{"rope_scaling": "", **row} for multiple in (1, 2) for row in perplexity_by_context(
+        tiny_model, tokens, [192 * multiple], max_tokens=768, batch_size=2, progress=False)]
+    report = evaluate_ruler(tiny_model, tokenizer, ["niah_single_1"], [384], num_samples=2, batch_size=2,
+                            words=load_words(RULER_WORDS), progress=False)
+    assert ruler == [{"rope_scaling": "", **row} for row in report["rows"]]
