@@ -160,54 +160,79 @@ def _spied(monkeypatch, calls: list[str]) -> None:
         monkeypatch.setattr(task, "evaluate", evaluate)
 
 
+def _recorded(monkeypatch, module: Any, name: str, calls: list[tuple], result: Any = None) -> None:
+    """``module.name`` recording its arguments, then run (or, given ``result``, answering ``result(*args)``)."""
+    run = getattr(module, name)
+
+    def recording(*args, **kwargs):
+        calls.append((args, kwargs))
+        return run(*args, **kwargs) if result is None else result(*args)
+
+    monkeypatch.setattr(module, name, recording)
+
+
 def test_rotarium_train_evaluates_through_the_perplexity_task(tiny_model, tokenizer, tmp_path, monkeypatch, capsys):
     """The evaluation `rotarium train` runs with the final weights is the registry's perplexity task, with the run's
-    lengths (eval.context_lengths, whose default is the task's) and held-out documents: the numbers and files it
-    writes are the ones perplexity_by_context gives, titled after the run."""
+    lengths (eval.context_lengths, whose default is the task's), held-out documents and batch size:
+    perplexity_by_context scores them as before, and its rows are the file written, its plot titled after the run."""
     from types import SimpleNamespace
 
     from rotarium.data.documents import embedded_documents
-    from rotarium.evaluation.perplexity import DEFAULT_LENGTHS, evaluation_tokens, perplexity_by_context
+    from rotarium.evaluation import perplexity
     from rotarium.training.cli import evaluate_and_sample
     from rotarium.training.config import EvalSection, load_config
 
-    assert EvalSection().context_lengths == list(DEFAULT_LENGTHS) == EVAL_TASKS["perplexity"].default_lengths(None)
-    config = load_config(None, {"eval.context_lengths": [16, 48], "data.max_validation_tokens": 256,
+    assert EvalSection().context_lengths == list(perplexity.DEFAULT_LENGTHS) == EVAL_TASKS[
+        "perplexity"].default_lengths(None)
+    config = load_config(None, {"eval.context_lengths": [16, 48], "data.max_validation_tokens": 96,
                                 "train.batch_size": 3, "data.seq_len": 32, "eval.sample_tokens": 2})
-    documents = embedded_documents()[60:70]
+    documents = embedded_documents()[60:64]
     trainer = SimpleNamespace(config=config, model=tiny_model, tokenizer=tokenizer, run_dir=tmp_path / "run",
                               accelerator=SimpleNamespace(unwrap_model=lambda model: model),
                               data=SimpleNamespace(held_out=documents))
-    calls: list[str] = []
+    calls, scored, titles = [], [], []
     _spied(monkeypatch, calls)
+    _recorded(monkeypatch, perplexity, "perplexity_by_context", scored)
+    _recorded(monkeypatch, perplexity, "save_results", titles)
     evaluate_and_sample(trainer, tmp_path / "final")
     assert calls == ["perplexity"]
-    tokens = evaluation_tokens(documents, tokenizer, 256)
-    expected = perplexity_by_context(tiny_model, tokens, [16, 48], max_tokens=256, batch_size=3, progress=False)
-    assert json.loads((tmp_path / "final" / "eval" / "perplexity.json").read_text()) == expected
-    assert (tmp_path / "final" / "eval" / "perplexity.png").stat().st_size > 1000
+    (model, tokens, lengths), options = scored[0]
+    assert model is tiny_model and lengths == [16, 48]
+    assert torch.equal(tokens, perplexity.evaluation_tokens(documents, tokenizer, 96))
+    assert options == {"max_tokens": 96, "batch_size": 3, "progress": True}
+    rows = json.loads((tmp_path / "final" / "eval" / "perplexity.json").read_text())
+    assert [row["context_length"] for row in rows] == [16, 48]
+    assert titles[0][1] == {"title": "run: validation perplexity", "train_length": 32, "rope_scaling": None}
     out = capsys.readouterr().out
     assert "| 48 (beyond training) |" in out and "sample: " in out
 
 
 def test_rotarium_extrapolation_scores_through_the_evaluation_tasks(tiny_model, tokenizer, monkeypatch):
     """`rotarium extrapolation` scores each run with the registry's perplexity and RULER tasks, one length at a
-    time: the rows are the ones perplexity_by_context and evaluate_ruler give."""
-    from rotarium.data.documents import embedded_documents
-    from rotarium.evaluation.perplexity import perplexity_by_context, stream_tokens
-    from rotarium.evaluation.ruler import evaluate_ruler, load_words
+    time, with the arguments it gave perplexity_by_context and evaluate_ruler before; their rows are its rows."""
+    from rotarium.evaluation import perplexity, ruler
     from rotarium.synthetic.text import RULER_WORDS, Scoring, score_model
 
-    documents = embedded_documents()[60:80]
-    scoring = Scoring(multiples=(1, 2), eval_tokens=768, ruler_tasks=("niah_single_1",), ruler_multiples=(2,),
-                      ruler_samples=2, ruler_fits=(("niah_single_1", 2),))
-    calls: list[str] = []
+    scoring = Scoring(multiples=(1, 2), eval_tokens=768, ruler_tasks=("niah_single_1", "vt"), ruler_multiples=(2, 4),
+                      ruler_samples=3, ruler_fits=(("niah_single_1", 2), ("vt", 4)))
+    tokens = torch.arange(1000)
+    calls, scored, answered = [], [], []
     _spied(monkeypatch, calls)
-    perplexity, ruler = score_model(tiny_model, tokenizer, documents, 192, 2, "nope", scoring)
-    assert calls == ["perplexity", "perplexity", "ruler"]
-    tokens = stream_tokens(tokenizer, documents)
-    assert perplexity == [{"rope_scaling": "", **row} for multiple in (1, 2) for row in perplexity_by_context(
-        tiny_model, tokens, [192 * multiple], max_tokens=768, batch_size=2, progress=False)]
-    report = evaluate_ruler(tiny_model, tokenizer, ["niah_single_1"], [384], num_samples=2, batch_size=2,
-                            words=load_words(RULER_WORDS), progress=False)
-    assert ruler == [{"rope_scaling": "", **row} for row in report["rows"]]
+    _recorded(monkeypatch, perplexity, "perplexity_by_context", scored,
+              lambda model, tokens, lengths: [{"context_length": length} for length in lengths])
+    _recorded(monkeypatch, ruler, "evaluate_ruler", answered,
+              lambda model, tokenizer, tasks, lengths: {"rows": [{"task": task, "context_length": length}
+                                                                 for task in tasks for length in lengths]})
+    perplexity_rows, ruler_rows = score_model(tiny_model, tokenizer, tokens, 192, 2, "nope", scoring)
+    assert calls == ["perplexity", "perplexity", "ruler", "ruler"]
+    assert [args[1:] for args, _ in scored] == [(tokens, [192]), (tokens, [384])]
+    assert all(args[0] is tiny_model and options == {"max_tokens": 768, "batch_size": 2, "progress": False}
+               for args, options in scored)
+    assert perplexity_rows == [{"rope_scaling": "", "context_length": length} for length in (192, 384)]
+    assert [args[1:] for args, _ in answered] == [(tokenizer, ["niah_single_1"], [384]), (tokenizer, ["vt"], [768])]
+    for args, options in answered:
+        assert args[0] is tiny_model and options.pop("words").name == ruler.load_words(RULER_WORDS).name
+        assert options == {"num_samples": 3, "seed": ruler.SEED, "batch_size": 2, "progress": False,
+                           "texts": ruler.RulerTexts()}
+    assert ruler_rows == [{"rope_scaling": "", "task": "niah_single_1", "context_length": 384},
+                          {"rope_scaling": "", "task": "vt", "context_length": 768}]
