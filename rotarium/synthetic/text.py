@@ -156,10 +156,12 @@ def unit_config(overrides: dict[str, Any], unit: Unit, tokenizer: Path) -> Confi
 
 
 def settings_key(config: Config) -> str:
-    """What the runs of one table share, as the CSV writes it: every config value but the unit's own."""
+    """What the runs of one table share, as the CSV writes it: every config value but the unit's own and those
+    that change how fast a run goes, not what it computes (threads, checkpoints, trackers, compiling)."""
     flat = {f"{section}.{k}": v for section, values in config.to_dict().items() for k, v in values.items()}
     for key in ("model.family", "model.position_encoding", "train.seed", "train.num_threads", "tokenizer.name",
-                "train.save_every", "train.keep_checkpoints", "train.report_to", "train.eval_every"):
+                "train.save_every", "train.keep_checkpoints", "train.report_to", "train.eval_every",
+                "train.compile"):
         flat.pop(key, None)
     return json.dumps(flat, sort_keys=True, default=str)
 
