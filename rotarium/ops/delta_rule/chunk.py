@@ -33,6 +33,7 @@ from rotarium.ops.backend import (
     use_fla,
 )
 from rotarium.ops.l2norm import l2norm
+from rotarium.ops.opaque import opaque_to_compiler, recurrent_outputs
 from rotarium.ops.utils import (
     check_cu_seqlens,
     check_dims,
@@ -267,6 +268,7 @@ def chunk_gated_delta_rule_torch(
     return o.to(v.dtype), final_state
 
 
+@opaque_to_compiler(recurrent_outputs)
 def chunk_gated_delta_rule(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -322,6 +324,7 @@ def chunk_gated_delta_rule(
     )
 
 
+@opaque_to_compiler(recurrent_outputs)
 def chunk_delta_rule(
     q: torch.Tensor,
     k: torch.Tensor,

@@ -18,6 +18,7 @@ import torch.nn.functional as F
 
 from rotarium.ops.backend import FLA_KERNELS, record_backend, use_fla
 from rotarium.ops.cumsum import segment_cumsum
+from rotarium.ops.opaque import Output, opaque_to_compiler
 from rotarium.ops.utils import (
     check_cu_seqlens,
     check_dims,
@@ -209,6 +210,13 @@ def check_heads(q: torch.Tensor, k: torch.Tensor) -> None:
         )
 
 
+
+def _attention_output(q: torch.Tensor, v: torch.Tensor, **_) -> Output:
+    """What :func:`parallel_forgetting_attn` returns: ``[B, T, HQ, V]`` in v's dtype."""
+    return Output((*q.shape[:3], v.shape[-1]), v.dtype)
+
+
+@opaque_to_compiler(_attention_output)
 def parallel_forgetting_attn(
     q: torch.Tensor,
     k: torch.Tensor,

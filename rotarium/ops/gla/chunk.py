@@ -12,6 +12,7 @@ from __future__ import annotations
 import torch
 
 from rotarium.ops.backend import FLA_KERNELS, record_backend, use_fla
+from rotarium.ops.opaque import opaque_to_compiler, recurrent_outputs
 from rotarium.ops.utils import (
     check_cu_seqlens,
     check_dims,
@@ -194,6 +195,7 @@ def chunk_gla_torch(
     return o, state.view(B, H, K, V) if output_final_state else None
 
 
+@opaque_to_compiler(recurrent_outputs)
 def chunk_gla(
     q: torch.Tensor,
     k: torch.Tensor,
