@@ -52,7 +52,6 @@ class SoftmaxAttention(nn.Module):
             raise ValueError(f"`num_kv_heads` ({num_kv_heads}) must divide `num_heads` ({num_heads})")
         self.num_heads, self.num_kv_heads = num_heads, num_kv_heads
         self.head_dim = head_dim or hidden_size // num_heads
-        self.scale = self.head_dim ** -0.5
         self.q_proj = nn.Linear(hidden_size, num_heads * self.head_dim, bias=attention_bias)
         self.k_proj = nn.Linear(hidden_size, num_kv_heads * self.head_dim, bias=attention_bias)
         self.v_proj = nn.Linear(hidden_size, num_kv_heads * self.head_dim, bias=attention_bias)
@@ -77,6 +76,12 @@ class SoftmaxAttention(nn.Module):
         self.positional = build_positional(positional, MixerSpec(
             hidden_size, num_heads, num_kv_heads, self.head_dim, self.head_dim, has_decay=forget_gate,
             heads_major=True, softmax=True))
+
+    @property
+    def scale(self) -> float:
+        """The scores' scale, ``head_dim ** -0.5``: computed from the integer, which torch.compile takes for a
+        constant, where a float attribute would enter a graph with dynamic shapes as a symbolic input."""
+        return self.head_dim ** -0.5
 
     def unweighted_flops_per_token(self, seq_len: int) -> int:
         """The forward FLOPs per token that no weight counts (rotarium.training.flops): the scores and the weighted

@@ -336,6 +336,29 @@ def _scaled_frequencies_on(scaling_json: str, dim: int, max_position_embeddings:
     return _scaled_rope(scaling_json, dim, max_position_embeddings, seq_len)[0].to(device)
 
 
+def _frequencies(scaling_json: str | None, base: float, max_position_embeddings: int, dim: int, seq_len: int | None,
+                 device: torch.device) -> torch.Tensor:
+    """:meth:`RoPE.frequencies`, from the caches."""
+    if scaling_json is None:
+        return _frequencies_on(dim, base, device)
+    return _scaled_frequencies_on(scaling_json, dim, max_position_embeddings, seq_len, device)
+
+
+# named after this module, as rotarium.ops.opaque's operators are
+@torch.library.custom_op(f"{__name__.replace('.', '_')}::rope_frequencies", mutates_args=())
+def _compiled_frequencies(scaling_json: str | None, base: float, max_position_embeddings: int, dim: int,
+                          seq_len: int | None, device: torch.device) -> torch.Tensor:
+    """:func:`_frequencies` as one operator of a compiled graph, rather than the caches (and transformers' RoPE
+    functions) traced into it; a copy, as an operator's output is its own."""
+    return _frequencies(scaling_json, base, max_position_embeddings, dim, seq_len, device).clone()
+
+
+@_compiled_frequencies.register_fake
+def _(scaling_json: str | None, base: float, max_position_embeddings: int, dim: int, seq_len: int | None,
+      device: torch.device) -> torch.Tensor:
+    return torch.empty(dim // 2, dtype=torch.float32, device=device)
+
+
 def scaled_rope(scaling: dict, dim: int, max_position_embeddings: int, seq_len: int | None = None
                 ) -> tuple[torch.Tensor, float]:
     """transformers' frequencies ``[dim/2]`` (float32, CPU) and attention factor of the scaling ``scaling`` (a
@@ -428,6 +451,9 @@ class RoPE(PositionalEncoding):
                 raise ValueError(f"`rope_parameters.{key}` lists one factor per rotated key pair: {rotary_dim // 2} "
                                  f"for the rotary size {rotary_dim}, got {len(factors)}")
         self._scaling_json = None if self._scaling is None else json.dumps(self._scaling, sort_keys=True)
+        # what the frequencies depend on besides their size, as an attribute of the module: torch.compile (with
+        # dynamic shapes) takes it for a constant, where it would make the numbers of a settings object symbolic
+        self._frequency_settings = (self._scaling_json, float(settings.rope_theta), settings.max_position_embeddings)
         self._attention_factor = 1.0
         if self._scaling is not None:
             # computed once here, so that a missing key fails at construction; no factor depends on the length
@@ -469,10 +495,8 @@ class RoPE(PositionalEncoding):
         ``seq_len`` from :meth:`scaling_length`). Kept once per (size, base, scaling, device) for the whole process
         rather than in a buffer: a buffer would need re-initialising whenever transformers materialises the model
         from the meta device, and a fresh copy per layer and step would be a host-to-device transfer each time."""
-        if self._scaling_json is None:
-            return _frequencies_on(dim, float(self.settings.rope_theta), torch.device(device))
-        return _scaled_frequencies_on(self._scaling_json, dim, self.settings.max_position_embeddings, seq_len,
-                                      torch.device(device))
+        frequencies = _compiled_frequencies if torch.compiler.is_compiling() else _frequencies
+        return frequencies(*self._frequency_settings, dim, seq_len, torch.device(device))
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, x: torch.Tensor, seq: SequenceInfo,
                 state: RotaryState | None) -> PositionalOutput:

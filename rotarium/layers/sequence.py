@@ -114,15 +114,18 @@ class SequenceInfo:
         """
         if self.position_ids is not None:
             return self.position_ids.long()
-        if self._counted_positions is None:
+        positions = self._counted_positions
+        if positions is None:
             if self.cu_seqlens is not None:
                 positions = self.document_offsets().expand(self.batch_size, -1)
             elif self.mask is not None:
                 positions = (self.mask.long().cumsum(1) - 1).clamp_min(0)
             else:
                 positions = torch.arange(self.seq_len, device=self.device).unsqueeze(0).expand(self.batch_size, -1)
-            self._counted_positions = positions
-        positions = self._counted_positions
+            # A compiled block computes them in its own graph: kept on this object, the next block's graph would
+            # differ from the first's (another compilation) for the sake of a few fused integer ops.
+            if not torch.compiler.is_compiling():
+                self._counted_positions = positions
         return positions if offset is None or self.cu_seqlens is not None else positions + offset[:, None]
 
     def next_offset(self, offset: torch.Tensor | None, positions: torch.Tensor) -> torch.Tensor:

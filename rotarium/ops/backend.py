@@ -213,7 +213,8 @@ def record_backend(op: str, to_fla: bool) -> bool:
     backend = "fla" if to_fla else "torch"
     for counter in _active_counters:
         counter[(op, backend)] += 1
-    if logger.isEnabledFor(logging.DEBUG):
+    # torch.compile traces no logging call (it would break the graph); a compiled op logs nothing while it is traced
+    if not torch.compiler.is_compiling() and logger.isEnabledFor(logging.DEBUG):
         logger.debug("%s ran on %s", op, backend)
     return to_fla
 

@@ -6,7 +6,7 @@ import itertools
 import torch
 import torch.nn.functional as F
 
-from rotarium.ops.utils import document_offsets
+from rotarium.ops.utils import document_offsets, multiply_into
 
 ACTIVATIONS = (None, "silu")
 
@@ -70,7 +70,7 @@ class _CausalDepthwiseConv(torch.autograd.Function):
                 d = d * ctx.lag_masks[lag][:, out_rows]
             if grad_x is not None and lag > 0:
                 grad_x[:, x_rows].addcmul_(d, taps[W - 1 - lag])
-            product = torch.mul(d, x[:, x_rows], out=products[:, out_rows])
+            product = multiply_into(products[:, out_rows], d, x[:, x_rows])
             # over time, then batch: for lags > 0 the product is a slice, and one reduction over both dims of a
             # slice takes PyTorch's strided path on CPU
             tap_grad = product.sum(1, dtype=acc).sum(0)

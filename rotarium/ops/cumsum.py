@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import torch
 
+from rotarium.ops.utils import document_index
+
 
 def segment_cumsum(x: torch.Tensor, cu_seqlens: torch.Tensor | None = None) -> torch.Tensor:
     """Cumulative sum of x ``[B, T, ...]`` over time (dim 1), in x's dtype and differentiable.
@@ -17,10 +19,7 @@ def segment_cumsum(x: torch.Tensor, cu_seqlens: torch.Tensor | None = None) -> t
         return x.cumsum(1)
     # float64 so that subtracting the running total at a sequence start loses nothing over long packed batches
     total = x.double().cumsum(1)
-    starts = cu_seqlens[:-1].long()
-    before_start = torch.where(starts > 0, starts - 1, 0)
-    offsets = torch.where((starts > 0).view(-1, *([1] * (x.ndim - 2))), total[0, before_start],
-                          torch.zeros_like(total[0, before_start]))
-    lengths = cu_seqlens[1:].long() - starts
-    per_token = torch.repeat_interleave(offsets, lengths, dim=0, output_size=x.shape[1])
-    return (total - per_token.unsqueeze(0)).to(x.dtype)
+    starts = cu_seqlens.long()[document_index(cu_seqlens, x.shape[1])]  # [T]: where each token's sequence starts
+    before = total[0, (starts - 1).clamp_min(0)]  # the running total just before that start
+    first = (starts == 0).view(-1, *([1] * (x.ndim - 2)))
+    return (total - torch.where(first, 0.0, before).unsqueeze(0)).to(x.dtype)

@@ -47,7 +47,9 @@ class L2NormFunction(torch.autograd.Function):
 
 def l2norm(x: torch.Tensor, eps: float = EPS) -> torch.Tensor:
     """x ``[..., D]`` L2-normalised over D, computed in at least float32 and returned in x's dtype."""
-    return L2NormFunction.apply(x, eps)
+    # float(): under torch.compile with dynamic shapes a float read from a name (this default) would enter the graph
+    # as a symbolic input, which dynamo cannot hand to an autograd.Function called twice in one graph (q and k)
+    return L2NormFunction.apply(x, float(eps))
 
 
 class _HeadL2NormAndLinear(torch.autograd.Function):

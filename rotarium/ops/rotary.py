@@ -11,6 +11,8 @@ from collections.abc import Sequence
 
 import torch
 
+from rotarium.ops.utils import multiply_into
+
 
 def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, inverse: bool = False,
             heads_major: bool = False) -> torch.Tensor:
@@ -29,8 +31,8 @@ def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, inverse: bool
         out = torch.empty(x.shape, dtype=cos.dtype, device=x.device)
     x1, x2, out1, out2 = x[..., :half], x[..., half:2 * half], out[..., :half], out[..., half:2 * half]
     sign = 1.0 if inverse else -1.0
-    torch.mul(x1, cos, out=out1).addcmul_(x2, sin, value=sign)
-    torch.mul(x2, cos, out=out2).addcmul_(x1, sin, value=-sign)
+    multiply_into(out1, x1, cos).addcmul_(x2, sin, value=sign)
+    multiply_into(out2, x2, cos).addcmul_(x1, sin, value=-sign)
     if x.shape[-1] > 2 * half:  # partial rotary: the rest passes through
         out[..., 2 * half:] = x[..., 2 * half:]
     return out.to(x.dtype)

@@ -78,6 +78,15 @@ def _autocast_enabled(device_type: str) -> bool:
         return False
 
 
+def multiply_into(out: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """``out = a * b``, returned. Eager: written in place (``torch.mul(out=)`` allocates nothing). Under
+    ``torch.compile``, which refuses an ``out=`` that is a strided view: as a copy of the product, which the compiler
+    fuses into one loop."""
+    if torch.compiler.is_compiling():
+        return out.copy_(a * b)
+    return torch.mul(a, b, out=out)
+
+
 def check_tensor(name: str, x: torch.Tensor, ndim: int, layout: str) -> None:
     if not isinstance(x, torch.Tensor):
         # a ValueError like every input error of an op, so that callers catch one type
@@ -170,11 +179,18 @@ def check_initial_state(
     check_same_device("q", torch.empty(0, device=device), initial_state=initial_state)
 
 
+def document_index(cu_seqlens: torch.Tensor, seq_len: int) -> torch.Tensor:
+    """``[T]`` int64: the packed sequence each token belongs to, from ``cu_seqlens`` ``[N + 1]`` (of empty sequences,
+    which share their start with the next one, the last). A search rather than ``repeat_interleave``: under
+    ``torch.compile`` that specialises on whether N is 1, which would compile a block again."""
+    cu = cu_seqlens.long()
+    return torch.searchsorted(cu, torch.arange(seq_len, device=cu.device), right=True) - 1
+
+
 def document_offsets(cu_seqlens: torch.Tensor, seq_len: int) -> torch.Tensor:
     """``[1, T]`` int64: each packed token's index inside its own sequence, from ``cu_seqlens`` ``[N + 1]``."""
     cu = cu_seqlens.long()
-    starts = torch.repeat_interleave(cu[:-1], cu[1:] - cu[:-1], output_size=seq_len)
-    return (torch.arange(seq_len, device=cu.device) - starts).unsqueeze(0)
+    return (torch.arange(seq_len, device=cu.device) - cu[document_index(cu, seq_len)]).unsqueeze(0)
 
 
 class Packing:
