@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -29,7 +30,69 @@ if TYPE_CHECKING:
 
 
 def build_model(config: Config, tokenizer: PreTrainedTokenizerBase) -> torch.nn.Module:
-    """A fresh model from ``config.model`` (preset or explicit sizes), or the ``init_from`` checkpoint."""
+    """A fresh model from ``config.model`` (preset or explicit sizes), or the ``init_from`` checkpoint; its blocks
+    compiled with ``train.compile`` (:func:`compile_blocks`)."""
+    if not config.train.compile:
+        return _model(config, tokenizer)
+    check_compile_supported()
+    model = _model(config, tokenizer)
+    count = compile_blocks(model)
+    if not torch.distributed.is_initialized() or torch.distributed.get_rank() == 0:
+        print(f"train.compile: each of the {count} blocks is compiled (torch.compile, dynamic shapes); the first "
+              "steps, and the first validation, are slow while they compile")
+    return model
+
+
+def check_compile_supported() -> None:
+    """Raises ``ValueError`` naming ``train.compile`` where ``torch.compile`` cannot run: a Python that dynamo does not
+    support, or a CPU run without the C++ compiler that the inductor backend builds its code with."""
+    import sys
+
+    import torch._dynamo
+
+    if not torch._dynamo.is_dynamo_supported():
+        raise ValueError(f"`train.compile` needs torch.compile, which PyTorch {torch.__version__} does not support on "
+                         f"Python {sys.version.split()[0]}; leave train.compile off")
+    from rotarium.training.accelerator import has_accelerator
+
+    if has_accelerator():
+        return
+    from torch._inductor.cpp_builder import get_cpp_compiler
+
+    try:
+        get_cpp_compiler()
+    except Exception as error:  # inductor's own error type has moved between releases
+        raise ValueError("`train.compile` on CPU needs a C++ compiler (torch.compile's inductor backend builds C++): "
+                         f"{error}; install g++ or clang++ (or point $CXX at one), or leave train.compile off"
+                         ) from error
+
+
+def compile_blocks(model: torch.nn.Module, backend: str | Callable = "inductor") -> int:
+    """Compiles each block of ``model`` in place, as torchtitan compiles each transformer block, and returns how many.
+
+    The blocks share their compiled code (it takes each block's weights as inputs; the first block, whose input is a
+    view of the embeddings, has its own), with dynamic shapes: batches of another length or another number of packed
+    documents run the same compiled code. The compiler fuses the norms, projections' epilogues, gates, rotations and
+    convolutions around the token mixers' kernels, which enter the graph as single operators
+    (:mod:`rotarium.ops.opaque`). The weights' names do not change (``Module.compile`` compiles in place), so
+    checkpoints load into compiled and plain models alike. ``backend``: torch.compile's (the tests trace with lighter
+    ones). Raises ``ValueError`` for a RoPE scaling whose frequencies follow the length."""
+    from rotarium.layers import Block
+    from rotarium.layers.positional import LENGTH_DEPENDENT_SCALINGS, rope_type_of
+
+    rope_type = rope_type_of(getattr(model.config, "rope_parameters", None))
+    if rope_type in LENGTH_DEPENDENT_SCALINGS:
+        raise ValueError(f"`train.compile` cannot compile the RoPE scaling {rope_type!r} (rope_parameters.rope_type): "
+                         "its frequencies follow each batch's last position, read from the tensor, which would split "
+                         "every block's graph and compile it again for each new length; train without "
+                         "train.compile, or with a scaling of fixed frequencies (linear, yarn, llama3)")
+    blocks = [module for module in model.modules() if isinstance(module, Block)]
+    for block in blocks:
+        block.compile(backend=backend, dynamic=True)
+    return len(blocks)
+
+
+def _model(config: Config, tokenizer: PreTrainedTokenizerBase) -> torch.nn.Module:
     import rotarium  # noqa: F401  (registers the Auto classes)
     from rotarium.configs.presets import preset_config
     from rotarium.models.configuration import CONFIGS

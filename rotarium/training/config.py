@@ -95,6 +95,9 @@ class TrainSection:
     report_to: list = field(
         default_factory=list, metadata={"help": "accelerate trackers, e.g. [tensorboard] or [wandb]"})
     num_threads: int | None = field(default=None, metadata={"help": "torch CPU threads (default: torch's choice)"})
+    compile: bool = field(default=False, metadata={
+        "help": "torch.compile each block (fuses the ops around the token mixers' kernels; the first steps are slow "
+                "while it compiles)"})
 
 
 @dataclass
