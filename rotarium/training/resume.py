@@ -11,8 +11,8 @@ tensors that an FSDP launch does not read.
 Which settings may differ from the run's on resume:
 
 - freely (:data:`SAFE_ON_RESUME`): ``train.max_steps``, the logging, evaluation and checkpoint intervals, the
-  guard's settings, trackers and threads, ``model.gradient_checkpointing``, ``data.num_workers``, ``data.prepare``
-  and the ``eval`` section; none of them changes the model or the data it sees;
+  guard's settings, trackers and threads, ``train.compile``, ``model.gradient_checkpointing``, ``data.num_workers``,
+  ``data.prepare`` and the ``eval`` section; none of them changes the model or the data it sees;
 - with ``--allow-config-change KEY``: the ``data`` and ``optim`` sections and the other ``train`` keys (a moved
   corpus file, a lower learning rate after a blow-up); a section's name (``--allow-config-change data``) allows
   each of its keys;
@@ -56,7 +56,8 @@ logger = logging.getLogger(__name__)
 
 SAFE_ON_RESUME = ("train.max_steps", "train.eval_every", "train.eval_batches", "train.save_every",
                   "train.keep_checkpoints", "train.log_every", "train.max_bad_steps", "train.spike_factor",
-                  "train.spike_window", "train.report_to", "train.num_threads", "model.gradient_checkpointing",
+                  "train.spike_window", "train.report_to", "train.num_threads", "train.compile",
+                  "model.gradient_checkpointing",
                   "data.num_workers", "data.prepare", "eval.")
 FIXED_ON_RESUME = ("model.", "tokenizer.")
 

@@ -115,3 +115,11 @@ def test_a_flipped_byte_is_caught_by_the_hash_and_a_checkpoint_without_checksums
     recorded = json.loads((run / "checkpoints" / "step-4" / CHECKSUMS).read_text())
     assert recorded["algorithm"] == "sha256"
     assert {"state/optimizer.bin", "model.safetensors", "trainer_state.json"} <= set(recorded["files"])
+
+
+def test_compiling_or_not_is_free_on_resume():
+    """train.compile changes how fast the blocks run, not what they compute: a run resumes with it switched."""
+    from rotarium.training.resume import _policy
+
+    assert _policy("train.compile") == "safe"
+    assert _policy("train.lr") == "allowable" and _policy("model.hidden_size") == "fixed"
