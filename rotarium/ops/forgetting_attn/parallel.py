@@ -6,8 +6,10 @@ sequences are cut into blocks one sequence at a time, so no score crosses a
 boundary), and a custom autograd function recomputes each block's probabilities
 in the backward pass, so training memory is linear in T as well. A block holds
 every key of its rows, so one fused softmax per block serves both passes and no
-row statistics (FlashAttention's log-sum-exp) are saved. Plain causal attention
-(g None) goes to PyTorch's fused SDPA kernel, memory-efficient already and faster.
+row statistics (FlashAttention's log-sum-exp) are saved. The blocks serve sliding
+windows and decoding; whole causal attention, plain or with a forget gate, goes to
+PyTorch's fused SDPA kernel (memory-efficient already, and faster), the gate's bias
+carried by two extra feature channels (:func:`_sdpa_causal`).
 """
 from __future__ import annotations
 
@@ -193,12 +195,38 @@ def block_attention(
 
 
 @float32_internals
-def _sdpa_causal(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
+def _sdpa_causal(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
+                 c: torch.Tensor | None = None) -> torch.Tensor:
+    """Causal attention through PyTorch's fused kernel: q ``[B, T, HQ, K]``, k ``[B, T, H, K]``, v ``[B, T, H, V]``,
+    and optionally the forget gate's cumulative log ``c [B, T, HQ]`` (float32) -> o ``[B, T, HQ, V]`` float32.
+
+    The fused kernel takes no bias it can differentiate, so the gate's bias ``c_i - c_j`` rides in the scores
+    themselves: q_i gains the channels ``(c_i, 1) / scale`` and k_j the channels ``(1, -c_j)``, so that
+    ``scale * q'_i . k'_j = scale * q_i . k_j + c_i - c_j`` exactly, and the kernel's gradients of q' and k' carry
+    the gate's gradient back through those channels. The bias is then rounded with the sum, to about float32's
+    epsilon times ``|c|``, as fla's kernel rounds it (it adds ``c_i`` and subtracts ``c_j`` from the scaled
+    scores); the blocks of :class:`_BlockAttention` subtract first, exact to the difference, and serve as the
+    reference in the tests. Shifting ``c`` by a constant per head leaves every bias as it is, so ``c`` is centred
+    on its range first, which halves its largest magnitude."""
+    q, k, v = q.float(), k.float(), v.float()
+    if c is not None:
+        if q.shape[2] != k.shape[2]:  # each query head has its own gate, so its keys carry its own channels
+            group = q.shape[2] // k.shape[2]
+            k, v = k.repeat_interleave(group, dim=2), v.repeat_interleave(group, dim=2)
+        c = c - ((c.amax(dim=1, keepdim=True) + c.amin(dim=1, keepdim=True)) / 2).detach()
+        ones = torch.ones_like(c)
+        q = torch.cat([q, torch.stack([c, ones], dim=-1) / scale], dim=-1)
+        k = torch.cat([k, torch.stack([ones, -c], dim=-1)], dim=-1)
+    V = v.shape[-1]
+    # PyTorch's CPU kernel has its fast path only where values are as wide as keys: zero channels even them out
+    # (zeros add nothing to a score or an output)
+    width = max(q.shape[-1], V)
+    q, k, v = (F.pad(x, (0, width - x.shape[-1])) for x in (q, k, v))
     o = F.scaled_dot_product_attention(
-        q.float().transpose(1, 2), k.float().transpose(1, 2), v.float().transpose(1, 2),
+        q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
         is_causal=True, scale=scale, enable_gqa=q.shape[2] != k.shape[2],
     )
-    return o.transpose(1, 2)
+    return o.transpose(1, 2)[..., :V]
 
 
 def check_heads(q: torch.Tensor, k: torch.Tensor) -> None:
@@ -279,12 +307,13 @@ def parallel_forgetting_attn(
                                             cu_seqlens=cu_seqlens)
 
     bounds = None if cu_seqlens is None else (cu_seqlens_cpu if cu_seqlens_cpu is not None else cu_seqlens).tolist()
-    if g is None and window_size is None:
-        # PyTorch's fused kernel (memory-efficient in both passes) is faster than
-        # blocks of matmuls; packed sequences go through it one by one
-        if bounds is None:
-            return _sdpa_causal(q, k, v, scale).to(v.dtype)
-        parts = [_sdpa_causal(q[:, a:b], k[:, a:b], v[:, a:b], scale) for a, b in itertools.pairwise(bounds) if b > a]
-        return torch.cat(parts, dim=1).to(v.dtype)
     c = None if g is None else segment_cumsum(g.float(), cu_seqlens)
+    if window_size is None:
+        # PyTorch's fused kernel (memory-efficient in both passes) is faster than blocks of matmuls; packed
+        # sequences go through it one by one (the cumulative gate restarts at each)
+        if bounds is None:
+            return _sdpa_causal(q, k, v, scale, c).to(v.dtype)
+        parts = [_sdpa_causal(q[:, a:b], k[:, a:b], v[:, a:b], scale, None if c is None else c[:, a:b])
+                 for a, b in itertools.pairwise(bounds) if b > a]
+        return torch.cat(parts, dim=1).to(v.dtype)
     return block_attention(q, k, v, c, c, scale, bounds=bounds, window_size=window_size).to(v.dtype)
