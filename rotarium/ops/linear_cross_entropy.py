@@ -34,7 +34,9 @@ class _LinearCrossEntropy(torch.autograd.Function):
         # mean over the scored tokens, as F.cross_entropy (a tensor: counting them needs no host read)
         loss_scale = valid.sum().clamp_min(1).reciprocal().float() if reduction == "mean" else None
         grad_x = torch.empty_like(x) if needs_x else None
-        grad_weight = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device) if needs_weight else None
+        grad_weight = None
+        if needs_weight:  # the first chunk's product writes it, the others add to it: no pass to zero [V, D] first
+            grad_weight = (torch.empty if N else torch.zeros)(weight.shape, dtype=torch.float32, device=weight.device)
         grad_bias = torch.zeros(V, dtype=torch.float32, device=weight.device) if needs_bias else None
         loss = torch.zeros((), dtype=torch.float32, device=x.device)
         chunk = max(1, math.ceil(N / num_chunks))
@@ -91,12 +93,20 @@ class _LinearCrossEntropy(torch.autograd.Function):
                 if grad_x is not None:
                     grad_x[start:end] = grad_z @ w
                 if product is not None:
-                    grad_weight += torch.mm(grad_z.t(), x_chunk, out=product)
+                    torch.mm(grad_z.t(), x_chunk, out=product)
+                    if start == 0:
+                        grad_weight.copy_(product)
+                    else:
+                        grad_weight.add_(product)
                 continue
             if grad_x is not None:
                 grad_x[start:end] = grad_z.to(w.dtype) @ w
             if grad_weight is not None:
-                grad_weight.addmm_(grad_z.t(), x_chunk.to(grad_z.dtype))
+                x_chunk = x_chunk.to(grad_z.dtype)
+                if start == 0:
+                    torch.mm(grad_z.t(), x_chunk, out=grad_weight)
+                else:
+                    grad_weight.addmm_(grad_z.t(), x_chunk)
         if loss_scale is not None:
             loss = loss * loss_scale
         ctx.save_for_backward(grad_x, grad_weight, grad_bias)

@@ -116,6 +116,33 @@ def test_under_bf16_autocast_every_product_is_bf16_and_the_sums_float32():
         assert_close(grad, grad_ref, 2e-2 * grad_ref.abs().max(), rtol=0)
 
 
+class Fills(TorchDispatchMode):
+    """The shapes of the tensors an op fills with a constant (zeros, fill_, zero_)."""
+
+    def __init__(self):
+        super().__init__()
+        self.shapes = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        if func.overloadpacket.__name__ in ("zeros", "fill_", "zero_", "new_zeros", "zeros_like"):
+            self.shapes.append(tuple(out.shape))
+        return out
+
+
+@pytest.mark.parametrize("autocast", [False, True], ids=["float32", "bf16-autocast"])
+def test_the_weight_gradient_is_written_by_the_first_chunk_not_zeroed_first(autocast):
+    """A [V, D] pass of zeros is as long as a chunk's softmax: the first chunk's product writes the gradient."""
+    x, target, weight, _ = leaves()
+    _, grads_ref = loss_and_grads(plain, x, target, weight, None)
+    with Fills() as fills, torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+        _, grads = loss_and_grads(fused_linear_cross_entropy_loss, x, target, weight, None, num_chunks=3)
+    assert (V, D) not in fills.shapes, fills.shapes
+    bound = 2e-2 if autocast else 1e-5
+    for grad, grad_ref in zip(grads, grads_ref, strict=True):
+        assert_close(grad, grad_ref, bound * grad_ref.abs().max(), rtol=0)
+
+
 class PeakLiveBytes(TorchDispatchMode):
     """The most bytes the tensors created inside the mode hold at once, seen after every op: a storage counts while
     any tensor on it is alive, once however many views share it."""
