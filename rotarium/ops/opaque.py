@@ -109,10 +109,11 @@ def _placeholder(tensors: Sequence[torch.Tensor]) -> torch.Tensor:
 def _kernel(name: str, tensors: list[torch.Tensor], arguments: str) -> list[torch.Tensor]:
     kernel, call, _ = _arguments(name, tensors, arguments)
     results = _as_tuple(kernel.fn(**call))
-    # an operator's outputs may not share memory with its inputs (a kernel may hand back a state it was given)
+    # an operator's outputs may not share memory with its inputs (a kernel may hand back a state it was given), and
+    # are contiguous as the fake says: compiled code addresses them by the fake's strides
     inputs = {t.untyped_storage().data_ptr() for t in tensors if t.numel()}
-    return [_placeholder(tensors) if r is None else r.clone() if r.numel() and r.untyped_storage().data_ptr() in
-            inputs else r for r in results]
+    return [_placeholder(tensors) if r is None else r.clone(memory_format=torch.contiguous_format)
+            if r.numel() and r.untyped_storage().data_ptr() in inputs else r.contiguous() for r in results]
 
 
 @_kernel.register_fake
@@ -149,13 +150,14 @@ def _kernel_backward(name: str, tensors: list[torch.Tensor], grads: list[torch.T
     differentiated = [t for t in inputs if t.requires_grad]
     found = torch.autograd.grad([out for out, _ in pairs], differentiated, [g for _, g in pairs],
                                 allow_unused=True) if pairs else [None] * len(differentiated)
-    return [torch.zeros_like(t) if g is None else g for t, g in zip(differentiated, found)]
+    # contiguous as the fake says: a kernel's gradients come in its own layouts, compiled code reads the fake's
+    return [t.new_zeros(t.shape) if g is None else g.contiguous() for t, g in zip(differentiated, found)]
 
 
 @_kernel_backward.register_fake
 def _(name: str, tensors: list[torch.Tensor], grads: list[torch.Tensor], arguments: str) -> list[torch.Tensor]:
     wanted = ast.literal_eval(arguments)["wanted"]
-    return [torch.empty_like(t) for t, w in zip(tensors, wanted) if w]
+    return [t.new_empty(t.shape) for t, w in zip(tensors, wanted) if w]
 
 
 def _setup_context(ctx, inputs: tuple, output: list[torch.Tensor]) -> None:

@@ -34,6 +34,19 @@ def test_pytorch_accepts_the_operator():
     torch.library.opcheck(opaque._kernel, ("rotarium.ops.gla.chunk.chunk_gla", [q, k, v, g, CU_SEQLENS], arguments))
 
 
+def test_pytorch_accepts_the_backward_operator():
+    """The backward's fake (what inductor plans its buffers by) and its real gradients agree, strides included: the
+    kernels' gradients come out in their own layouts (here [B, H, T, D] ones under a [B, T, H, D] shape)."""
+    q, k, v, g = gla_inputs()
+    o, state = ops.chunk_gla(q, k, v, g, output_final_state=True)
+    arguments = repr({"tensors": ["q", "k", "v", "g"], "options": {"output_final_state": True, "scale": None},
+                      "wanted": [True] * 4, "graded": [0, 1]})
+    grads = [torch.randn_like(o), torch.randn_like(state)]
+    torch.library.opcheck(opaque._kernel_backward,
+                          ("rotarium.ops.gla.chunk.chunk_gla", [q, k, v, g], grads, arguments),
+                          test_utils=("test_schema", "test_faketensor"))
+
+
 def test_a_compiled_call_has_the_values_and_gradients_of_eager_mode():
     inputs = gla_inputs()
     expected = packed_gla(*inputs)
