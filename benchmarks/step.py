@@ -19,7 +19,12 @@ Targets (each printed with PASS/FAIL):
 users run) and prints how much each contender slows down against Llama. ``--profile`` prints where a step's time
 goes (forward and backward separately, per family) instead of timing.
 
-``python benchmarks/step.py [--lengths 512,2048,8192] [--layers 4] [--repeats 3] [--busy 1] [--profile]``
+``--bf16`` times each family (RoPE) and Llama in float32 and under bf16 autocast (``train.mixed_precision: bf16``),
+with the target that every family's bf16 step is at least 2x faster where the CPU has bf16 matrix units.
+``--compile`` times each family (RoPE) eager and with its blocks compiled as ``train.compile`` compiles them.
+
+``python benchmarks/step.py [--lengths 512,2048,8192] [--layers 4] [--repeats 3] [--busy 1] [--profile]
+[--bf16] [--compile]``
 """
 from __future__ import annotations
 
@@ -48,6 +53,7 @@ TARGETS: dict[str, Callable[[int], float]] = {
 }
 SELECTIVE_OVER_ROPE = 1.1
 CHUNKED_OVER_FULL = 1.05
+BF16_SPEEDUP = 2.0
 
 
 def config(family: str, position: str, layers: int):
@@ -70,11 +76,14 @@ def llama(layers: int) -> torch.nn.Module:
         tie_word_embeddings=ours.tie_word_embeddings, attn_implementation="sdpa")).train()
 
 
-def training_step(model: torch.nn.Module, length: int, **forward: object) -> Callable[[], None]:
+def training_step(model: torch.nn.Module, length: int, bf16: bool = False, **forward: object) -> Callable[[], None]:
+    """One forward and backward of the causal-LM loss; ``bf16``: under bf16 autocast, as mixed precision trains."""
     ids = torch.randint(0, model.config.vocab_size, (1, length), generator=torch.Generator().manual_seed(0))
 
     def step() -> None:
-        model(input_ids=ids, labels=ids, **forward).loss.backward()
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+            loss = model(input_ids=ids, labels=ids, **forward).loss
+        loss.backward()
         model.zero_grad(set_to_none=True)
 
     return step
@@ -112,6 +121,51 @@ def report(length: int, samples: dict[str, list[float]]) -> bool:
     for text, value, target in checks:
         print(f"{text}: {value:.2f} {verdict(value <= target)}")
     return all(value <= target for _, value, target in checks)
+
+
+def compare_bf16(length: int, layers: int, repeats: int) -> bool:
+    """Each family (RoPE) and Llama, float32 against bf16 autocast on the same model; True when every family meets
+    the bf16 target."""
+    from rotarium.utils.devices import cpu_bf16_matmul, read_cpuinfo
+
+    models = {f"{family}/rope": build(family, "rope", layers) for family in CONFIGS}
+    models[LLAMA] = llama(layers)
+    steps = {(name, bf16): training_step(model, length, bf16=bf16) for name, model in models.items()
+             for bf16 in (False, True)}
+    samples = time_rounds(steps, repeats)
+    seconds = best(samples)
+    unit = cpu_bf16_matmul(read_cpuinfo())
+    print(f"\n## bf16 autocast against float32, T = {length} (bf16 matrix units: {unit or 'none found'})\n")
+    print("| contender | float32 (s) | bf16 (s) | speedup |\n|---|---:|---:|---:|")
+    passed = True
+    for name in models:
+        speedup = paired_ratio(samples[name, False], samples[name, True])
+        print(f"| {name} | {seconds[name, False]:.3f} | {seconds[name, True]:.3f} | {speedup:.2f}x |")
+        if name != LLAMA:
+            passed &= speedup >= BF16_SPEEDUP
+    print(f"\nevery family >= {BF16_SPEEDUP}x in bf16: {verdict(passed)}"
+          + ("" if unit else " (no bf16 matrix unit on this CPU: the target does not apply)"))
+    return passed or unit is None
+
+
+def compare_compiled(length: int, layers: int, repeats: int) -> None:
+    """Each family (RoPE), eager against its blocks compiled as ``train.compile`` compiles them (inductor)."""
+    from rotarium.training.build import check_compile_supported, compile_blocks
+
+    check_compile_supported()
+    steps = {}
+    for family in CONFIGS:
+        steps[family, "eager"] = training_step(build(family, "rope", layers), length)
+        compiled = build(family, "rope", layers)
+        compile_blocks(compiled)
+        steps[family, "compiled"] = training_step(compiled, length)
+    samples = time_rounds(steps, repeats, warmup=2)  # the warm-up compiles
+    seconds = best(samples)
+    print(f"\n## Compiled blocks against eager, T = {length}\n")
+    print("| family | eager (s) | compiled (s) | compiled / eager |\n|---|---:|---:|---:|")
+    for family in CONFIGS:
+        ratio = paired_ratio(samples[family, "compiled"], samples[family, "eager"])
+        print(f"| {family}/rope | {seconds[family, 'eager']:.3f} | {seconds[family, 'compiled']:.3f} | {ratio:.2f}x |")
 
 
 def busy_processes(count: int, length: int, layers: int) -> list[subprocess.Popen]:
@@ -155,6 +209,8 @@ def main() -> None:
     parser.add_argument("--busy", type=int, default=0, help="also time with this many busy processes beside")
     parser.add_argument("--profile", action="store_true", help="print profiles instead of timing")
     parser.add_argument("--profile-rows", type=int, default=15)
+    parser.add_argument("--bf16", action="store_true", help="time float32 against bf16 autocast instead")
+    parser.add_argument("--compile", action="store_true", help="time eager against compiled blocks instead")
     parser.add_argument("--burn", type=int, default=0, help=argparse.SUPPRESS)  # a busy process's length
     args = parser.parse_args()
     if args.burn:
@@ -165,6 +221,16 @@ def main() -> None:
     if args.profile:
         for length in lengths:
             profile(length, args.layers, args.profile_rows)
+        return
+    if args.bf16 or args.compile:
+        passed = True
+        for length in lengths:
+            if args.bf16:
+                passed &= compare_bf16(length, args.layers, args.repeats)
+            if args.compile:
+                compare_compiled(length, args.layers, args.repeats)
+        if args.bf16:
+            print(f"\nbf16 target: {verdict(passed)}")
         return
     passed = True
     for length in lengths:
