@@ -7,6 +7,7 @@ drift instead of trusting whichever run happened to be lucky.
 """
 from __future__ import annotations
 
+import inspect
 import random
 import statistics
 import time
@@ -41,6 +42,28 @@ def time_rounds(fns: dict[Hashable, Callable[[], object]], repeats: int = 3,
             _sync()
             samples[key].append(time.perf_counter() - start)
     return samples
+
+
+def decoder(model: torch.nn.Module, context: int, steps: int) -> Callable[[], None]:
+    """After a prefill of ``context`` random tokens, a call that decodes ``steps`` more greedily, one at a time (batch
+    1), through the model's cache (rotarium's or transformers')."""
+    model.eval()
+    generator = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        out = model(input_ids=torch.randint(0, model.config.vocab_size, (1, context), generator=generator),
+                    use_cache=True)
+    cache = out.cache if hasattr(out, "cache") else out.past_key_values
+    # transformers renamed `past_key_values` to `cache` (the old name warns); rotarium's models take both
+    name = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+    token = out.logits[:, -1:].argmax(-1)
+
+    @torch.no_grad()
+    def decode() -> None:
+        nonlocal token
+        for _ in range(steps):
+            token = model(input_ids=token, use_cache=True, **{name: cache}).logits[:, -1:].argmax(-1)
+
+    return decode
 
 
 def best(samples: dict[Hashable, list[float]]) -> dict[Hashable, float]:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import argparse
 
 import torch
-from common import best, paired_ratio, time_rounds, verdict  # beside this script, first on sys.path
+from common import best, decoder, paired_ratio, time_rounds, verdict  # beside this script, first on sys.path
 
 from rotarium.layers import SoftmaxAttention
 from rotarium.models import CONFIGS, FAMILY_MODELS, MIXERS
@@ -45,23 +45,6 @@ def training_step(model, args):
         model.zero_grad(set_to_none=True)
 
     return step
-
-
-def decoder(model, context: int, steps: int):
-    """After a prefill of ``context`` tokens, a call that decodes ``steps`` more, one at a time (batch 1)."""
-    model.eval()
-    with torch.no_grad():
-        out = model(input_ids=torch.randint(0, VOCAB, (1, context)), use_cache=True)
-    cache = out.cache if hasattr(out, "cache") else out.past_key_values
-    token = out.logits[:, -1:].argmax(-1)
-
-    @torch.no_grad()
-    def decode():
-        nonlocal token
-        for _ in range(steps):
-            token = model(input_ids=token, past_key_values=cache, use_cache=True).logits[:, -1:].argmax(-1)
-
-    return decode
 
 
 def main() -> None:

@@ -20,11 +20,12 @@ users run) and prints how much each contender slows down against Llama. ``--prof
 goes (forward and backward separately, per family) instead of timing.
 
 ``--bf16`` times each family (RoPE) and Llama in float32 and under bf16 autocast (``train.mixed_precision: bf16``),
-with the target that every family's bf16 step is at least 2x faster where the CPU has bf16 matrix units.
+with the target that every family's bf16 step is at least 2x faster where the CPU has bf16 matrix units, and
+decoding with float32 against bfloat16 weights (as a model loaded for inference in bf16), each beside Llama's.
 ``--compile`` times each family (RoPE) eager and with its blocks compiled as ``train.compile`` compiles them.
 
 ``python benchmarks/step.py [--lengths 512,2048,8192] [--layers 4] [--repeats 3] [--busy 1] [--profile]
-[--bf16] [--compile]``
+[--bf16 [--decode-steps 16]] [--compile]``
 """
 from __future__ import annotations
 
@@ -36,7 +37,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import torch
-from common import best, paired_ratio, time_rounds, verdict  # beside this script, first on sys.path
+from common import best, decoder, paired_ratio, time_rounds, verdict  # beside this script, first on sys.path
 
 from rotarium.configs.presets import preset_config
 from rotarium.models import CONFIGS, FAMILY_MODELS
@@ -148,6 +149,28 @@ def compare_bf16(length: int, layers: int, repeats: int) -> bool:
     return passed or unit is None
 
 
+def compare_bf16_decoding(context: int, layers: int, repeats: int, steps: int) -> None:
+    """Per-token greedy decoding latency (batch 1, after a prefill of ``context`` tokens) of each family (RoPE) and
+    Llama with float32 weights and with bfloat16 weights, each compared with Llama's in the same dtype."""
+    calls = {}
+    for dtype in (torch.float32, torch.bfloat16):
+        for family in CONFIGS:
+            calls[f"{family}/rope", dtype] = decoder(build(family, "rope", layers).to(dtype), context, steps)
+        calls[LLAMA, dtype] = decoder(llama(layers).to(dtype), context, steps)
+    samples = time_rounds(calls, repeats)
+    seconds = best(samples)
+    names = [f"{family}/rope" for family in CONFIGS] + [LLAMA]
+    print(f"\n## Decoding after {context} tokens, float32 against bfloat16 weights ({steps} tokens a call)\n")
+    print("| contender | float32 (ms/token) | bf16 (ms/token) | bf16 speedup | / Llama float32 | / Llama bf16 |\n"
+          "|---|---:|---:|---:|---:|---:|")
+    for name in names:
+        fp32, bf16 = samples[name, torch.float32], samples[name, torch.bfloat16]
+        print(f"| {name} | {seconds[name, torch.float32] / steps * 1e3:.2f} | "
+              f"{seconds[name, torch.bfloat16] / steps * 1e3:.2f} | {paired_ratio(fp32, bf16):.2f}x | "
+              f"{paired_ratio(fp32, samples[LLAMA, torch.float32]):.2f}x | "
+              f"{paired_ratio(bf16, samples[LLAMA, torch.bfloat16]):.2f}x |")
+
+
 def compare_compiled(length: int, layers: int, repeats: int) -> None:
     """Each family (RoPE), eager against its blocks compiled as ``train.compile`` compiles them (inductor)."""
     from rotarium.training.build import check_compile_supported, compile_blocks
@@ -210,6 +233,7 @@ def main() -> None:
     parser.add_argument("--profile", action="store_true", help="print profiles instead of timing")
     parser.add_argument("--profile-rows", type=int, default=15)
     parser.add_argument("--bf16", action="store_true", help="time float32 against bf16 autocast instead")
+    parser.add_argument("--decode-steps", type=int, default=16, help="tokens a decoding call makes (--bf16)")
     parser.add_argument("--compile", action="store_true", help="time eager against compiled blocks instead")
     parser.add_argument("--burn", type=int, default=0, help=argparse.SUPPRESS)  # a busy process's length
     args = parser.parse_args()
@@ -227,6 +251,7 @@ def main() -> None:
         for length in lengths:
             if args.bf16:
                 passed &= compare_bf16(length, args.layers, args.repeats)
+                compare_bf16_decoding(length, args.layers, args.repeats, args.decode_steps)
             if args.compile:
                 compare_compiled(length, args.layers, args.repeats)
         if args.bf16:
