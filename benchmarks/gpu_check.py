@@ -83,11 +83,12 @@ from rotarium import ops
 from rotarium.configs.presets import preset_config
 from rotarium.data.batches import collate
 from rotarium.hub.convert import fit_state_dict, fla_config_classes, map_fla_config, rename_state_dict
-from rotarium.layers import POSITION_ENCODINGS
+from rotarium.layers import POSITION_ENCODINGS, SoftmaxAttention
 from rotarium.models import FAMILY_MODELS, NoFlaPeer, RotariumConfig
 from rotarium.models.modeling import CACHE_FIELD
 from rotarium.ops.backend import ENV_VAR, count_dispatches
 from rotarium.ops.delta_rule.chunk import fla_gated_backward_refused
+from rotarium.training.build import compile_blocks
 
 BF16, FP16, FP32 = torch.bfloat16, torch.float16, torch.float32
 DTYPE_NAMES = {BF16: "bf16", FP16: "fp16", FP32: "fp32"}
@@ -602,11 +603,44 @@ def train_steps(model: torch.nn.Module, batch: dict, steps: int, ctx: Context) -
     return first, times, calls
 
 
-def speed(times: list[float], tokens: int) -> str:
+# Dense bfloat16 (and float16) tensor-core peaks from the vendors' datasheets, by the device name's first match.
+PEAK_FLOPS = (("H200", 989e12), ("H100 PCIe", 756e12), ("H100", 989e12), ("A100", 312e12))
+
+
+def peak_flops(device: str) -> float | None:
+    """The GPU's dense bf16 peak in FLOP/s, or None where the device is not in PEAK_FLOPS (no MFU then)."""
+    if device != "cuda":
+        return None
+    name = torch.cuda.get_device_name()
+    return next((peak for key, peak in PEAK_FLOPS if key in name), None)
+
+
+def flops_per_token(model: torch.nn.Module, T: int) -> float:
+    """A training step's FLOPs per token by PaLM's convention (Chowdhery et al., 2022, "PaLM", appendix B): 6 per
+    parameter outside the input embedding (the output head counted, tied or not), and for softmax attention
+    12 * layers * heads * head_dim * T. The linear families' chunked kernels are left out (linear in T, small beside
+    the projections), so their MFU counts the same work as the Transformer's minus its attention."""
+    embedding = model.get_input_embeddings().weight
+    params = sum(p.numel() for p in model.parameters() if p is not embedding)
+    if model.config.tie_word_embeddings:
+        params += embedding.numel()
+    flops = 6 * params
+    for layer in model.model.layers:
+        if isinstance(layer.mixer, SoftmaxAttention):
+            flops += 12 * layer.mixer.num_heads * layer.mixer.head_dim * T
+    return flops
+
+
+def speed(times: list[float], tokens: int, flops: float | None = None, peak: float | None = None) -> str:
+    """Tokens/s and milliseconds a step, from the median step; with the step's ``flops`` per token and the device's
+    ``peak``, the model FLOPs utilisation too."""
     if not times:
         return "not timed"
     median = statistics.median(times)
-    return f"{tokens / median:,.0f} tokens/s ({median * 1e3:.0f} ms/step)"
+    text = f"{tokens / median:,.0f} tokens/s ({median * 1e3:.0f} ms/step)"
+    if flops is not None and peak is not None:
+        text += f", MFU {flops * tokens / median / peak:.1%}"
+    return text
 
 
 def check_training(name: str, preset: str, overrides: dict, ctx: Context, args: argparse.Namespace,
@@ -616,6 +650,7 @@ def check_training(name: str, preset: str, overrides: dict, ctx: Context, args: 
     overrides = {**overrides, **((TINY | {"num_hidden_layers": 2}) if ctx.tiny else {})}
     # interpreted kernels are not timed: their speed says nothing of a GPU's
     B, T, steps = (args.batch, args.seq_len, args.steps) if not ctx.tiny else (2, 64, int(ctx.dry_run))
+    peak = peak_flops(ctx.device)
     state: dict = {}
 
     def ours_row() -> tuple[str, str]:
@@ -626,16 +661,43 @@ def check_training(name: str, preset: str, overrides: dict, ctx: Context, args: 
             state["peer"] = build_peer(model, ctx.device, **ctx.peer_options)
         except NoFlaPeer as why:
             state["no_peer"] = str(why)
+        # the weights it starts from, for the compiled row
+        state["initial"] = {key: value.detach().to("cpu", copy=True) for key, value in model.state_dict().items()}
         if ctx.device == "cuda":
             torch.cuda.reset_peak_memory_stats()
         with ops_backend("auto"):
             first, times, calls = train_steps(model, batch, steps, ctx)
         state["loss"], state["times"] = first, times
+        state["flops"] = flops_per_token(model, T)
         size = sum(p.numel() for p in model.parameters())
         del model
         problems, known = check_dispatches(calls, "fla", ctx, ctx.half, grad=True)
         memory = f", peak {torch.cuda.max_memory_allocated() / 2**30:.1f} GiB" if ctx.device == "cuda" else ""
-        note = f"{size / 1e6:.1f}M params, {speed(times, B * T)}, first loss {first:.4f}{memory}"
+        note = (f"{size / 1e6:.1f}M params, {speed(times, B * T, state['flops'], peak)}, first loss {first:.4f}"
+                f"{memory}")
+        return row_status(math.isfinite(first), problems, known, note)
+
+    def compiled_row() -> tuple[str, str]:
+        """The same model and batch with its blocks compiled as ``train.compile`` compiles them: its first loss must
+        be eager's. A CPU run traces with aot_eager (dynamo and AOT autograd over every block, no code generated)."""
+        if ctx.interpreted:
+            return "SKIP", "the dry run traces the compiled blocks; interpreted kernels add nothing to that"
+        if "loss" not in state:
+            return "SKIP", "rotarium's eager row did not finish"
+        config = preset_config(preset, **overrides)
+        model = build_model(config, ctx.device)
+        model.load_state_dict(state.pop("initial"))
+        compile_blocks(model, backend="inductor" if ctx.device == "cuda" else "aot_eager")
+        with ops_backend("auto"):
+            first, times, calls = train_steps(model, state["batch"], steps, ctx)
+        del model
+        problems, known = check_dispatches(calls, "fla", ctx, ctx.half, grad=True)
+        err = abs(first - state["loss"]) / abs(state["loss"])
+        if err >= PEER_LOSS_TOL:
+            problems.append(f"first loss {first:.4f} against eager's {state['loss']:.4f}")
+        note = f"{speed(times, B * T, state['flops'], peak)}, first loss rel diff to eager {err:.1e}"
+        if times and state["times"]:
+            note += f", compiled/eager time {statistics.median(times) / statistics.median(state['times']):.2f}x"
         return row_status(math.isfinite(first), problems, known, note)
 
     def peer_row() -> tuple[str, str]:
@@ -655,7 +717,7 @@ def check_training(name: str, preset: str, overrides: dict, ctx: Context, args: 
             note = "not timed: fla refuses the gated delta rule's backward on Hopper with Triton < 3.7.1"
         else:
             first, times, _ = train_steps(peer, state["batch"], steps, ctx)
-            note = speed(times, B * T)
+            note = speed(times, B * T, state.get("flops"), peak)
             if times and state.get("times"):
                 note += f", rotarium/fla time {statistics.median(state['times']) / statistics.median(times):.2f}x"
         if "loss" not in state:
@@ -665,6 +727,7 @@ def check_training(name: str, preset: str, overrides: dict, ctx: Context, args: 
                                               f"(tol {PEER_LOSS_TOL:.0e})")
 
     report.run(f"train {name} rotarium, {DTYPE_NAMES[ctx.half]} autocast, packed {B} x {T}", ours_row)
+    report.run(f"train {name} rotarium, compiled blocks", compiled_row)
     report.run(f"train {name} fla's own model, same weights and batch", peer_row)
     state.clear()
 

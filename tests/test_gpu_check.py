@@ -67,6 +67,7 @@ def expected_rows(part: str, mode: str) -> list[tuple[str, str]]:
     return [
         *(row for preset in PRESETS for row in (
             (f"train {preset} rotarium, {low} autocast, packed", "PASS"),
+            (f"train {preset} rotarium, compiled blocks", "SKIP" if interpret else "PASS"),
             (f"train {preset} fla's own model", "PASS" if interpret and preset in FLA_PEERS else "SKIP"))),
         *((f"e2e {family} + {encoding}", decoding_with_grads if "GQA" in family else "PASS")
           for family in FAMILIES for encoding in ENCODINGS),
@@ -232,3 +233,21 @@ def test_fla_peer_computes_what_the_preset_computes(gpu_check, name):
             with fla_on_cpu():
                 expected = peer(ids).logits
             assert_close_at_scale(ours(ids).logits, expected, 1e-4, what=f"spread={spread}")
+
+
+@pytest.mark.parametrize("family, tied", [("transformer", False), ("gla", True)])
+def test_mfu_counts_six_flops_a_parameter_outside_the_embedding_and_softmax_attention_by_length(gpu_check, family,
+                                                                                                 tied):
+    from rotarium.configs.presets import preset_config
+
+    config = preset_config(f"{family}-370m", **gpu_check.TINY, num_hidden_layers=2, tie_word_embeddings=tied)
+    model = FAMILY_MODELS[family].lm(config)
+    embedding = config.vocab_size * config.hidden_size
+    head = embedding  # the output head's product is counted whether or not it shares the embedding's weight
+    body = sum(p.numel() for p in model.model.layers.parameters()) + config.hidden_size  # the final norm
+    attention = 12 * 2 * config.num_heads * (config.hidden_size // config.num_heads) * 100
+    expected = 6 * (body + head) + (attention if family == "transformer" else 0)
+    assert gpu_check.flops_per_token(model, 100) == expected
+    assert sum(p.numel() for p in model.parameters()) == body + embedding + (0 if tied else head)
+    assert gpu_check.peak_flops("cpu") is None
+    assert gpu_check.speed([0.5, 1.0, 2.0], 1000, flops=1e9, peak=1e13).endswith("MFU 10.0%")
