@@ -143,6 +143,34 @@ def test_the_weight_gradient_is_written_by_the_first_chunk_not_zeroed_first(auto
         assert_close(grad, grad_ref, bound * grad_ref.abs().max(), rtol=0)
 
 
+class Outputs(TorchDispatchMode):
+    """The name and output shape of every op run inside the mode."""
+
+    def __init__(self):
+        super().__init__()
+        self.ops = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        self.ops += [(func.overloadpacket.__name__, tuple(t.shape)) for t in tree_flatten(out)[0]
+                     if isinstance(t, torch.Tensor)]
+        return out
+
+
+def test_loss_backward_takes_the_forwards_gradients_without_a_pass_over_the_weight():
+    """`loss.backward()` passes exactly 1: scaling the [V, D] weight gradient by it would be a pass as long as a
+    chunk's softmax, and a fresh buffer for its result."""
+    x, target, weight, _ = leaves()
+    reference = plain(x, target, weight)
+    expected = torch.autograd.grad(reference, (x, weight))
+    loss = fused_linear_cross_entropy_loss(x, target, weight, num_chunks=3)
+    with Outputs() as outputs:
+        loss.backward()
+    assert not [op for op in outputs.ops if op[1] == (V, D) and op[0] != "detach"], outputs.ops
+    for grad, grad_ref in zip((x.grad, weight.grad), expected, strict=True):
+        assert_close(grad, grad_ref, 1e-5 * grad_ref.abs().max(), rtol=0)
+
+
 class PeakLiveBytes(TorchDispatchMode):
     """The most bytes the tensors created inside the mode hold at once, seen after every op: a storage counts while
     any tensor on it is alive, once however many views share it."""
