@@ -83,12 +83,13 @@ from rotarium import ops
 from rotarium.configs.presets import preset_config
 from rotarium.data.batches import collate
 from rotarium.hub.convert import fit_state_dict, fla_config_classes, map_fla_config, rename_state_dict
-from rotarium.layers import POSITION_ENCODINGS, SoftmaxAttention
+from rotarium.layers import POSITION_ENCODINGS
 from rotarium.models import FAMILY_MODELS, NoFlaPeer, RotariumConfig
 from rotarium.models.modeling import CACHE_FIELD
 from rotarium.ops.backend import ENV_VAR, count_dispatches
 from rotarium.ops.delta_rule.chunk import fla_gated_backward_refused
 from rotarium.training.build import compile_blocks
+from rotarium.training.flops import flops_per_token, peak_flops
 
 BF16, FP16, FP32 = torch.bfloat16, torch.float16, torch.float32
 DTYPE_NAMES = {BF16: "bf16", FP16: "fp16", FP32: "fp32"}
@@ -603,37 +604,9 @@ def train_steps(model: torch.nn.Module, batch: dict, steps: int, ctx: Context) -
     return first, times, calls
 
 
-# Dense bfloat16 (and float16) tensor-core peaks from the vendors' datasheets, by the device name's first match.
-PEAK_FLOPS = (("H200", 989e12), ("H100 PCIe", 756e12), ("H100", 989e12), ("A100", 312e12))
-
-
-def peak_flops(device: str) -> float | None:
-    """The GPU's dense bf16 peak in FLOP/s, or None where the device is not in PEAK_FLOPS (no MFU then)."""
-    if device != "cuda":
-        return None
-    name = torch.cuda.get_device_name()
-    return next((peak for key, peak in PEAK_FLOPS if key in name), None)
-
-
-def flops_per_token(model: torch.nn.Module, T: int) -> float:
-    """A training step's FLOPs per token by PaLM's convention (Chowdhery et al., 2022, "PaLM", appendix B): 6 per
-    parameter outside the input embedding (the output head counted, tied or not), and for softmax attention
-    12 * layers * heads * head_dim * T. The linear families' chunked kernels are left out (linear in T, small beside
-    the projections), so their MFU counts the same work as the Transformer's minus its attention."""
-    embedding = model.get_input_embeddings().weight
-    params = sum(p.numel() for p in model.parameters() if p is not embedding)
-    if model.config.tie_word_embeddings:
-        params += embedding.numel()
-    flops = 6 * params
-    for layer in model.model.layers:
-        if isinstance(layer.mixer, SoftmaxAttention):
-            flops += 12 * layer.mixer.num_heads * layer.mixer.head_dim * T
-    return flops
-
-
 def speed(times: list[float], tokens: int, flops: float | None = None, peak: float | None = None) -> str:
     """Tokens/s and milliseconds a step, from the median step; with the step's ``flops`` per token and the device's
-    ``peak``, the model FLOPs utilisation too."""
+    ``peak``, the model FLOPs utilisation too (rotarium.training.flops, as the training log counts it)."""
     if not times:
         return "not timed"
     median = statistics.median(times)
@@ -650,7 +623,7 @@ def check_training(name: str, preset: str, overrides: dict, ctx: Context, args: 
     overrides = {**overrides, **((TINY | {"num_hidden_layers": 2}) if ctx.tiny else {})}
     # interpreted kernels are not timed: their speed says nothing of a GPU's
     B, T, steps = (args.batch, args.seq_len, args.steps) if not ctx.tiny else (2, 64, int(ctx.dry_run))
-    peak = peak_flops(ctx.device)
+    peak = peak_flops(torch.cuda.get_device_name()) if ctx.device == "cuda" else None
     state: dict = {}
 
     def ours_row() -> tuple[str, str]:
