@@ -5,6 +5,8 @@ import torch
 import torch.nn.functional as F
 from fla.ops.attn.naive import naive_parallel_attn as fla_naive_attn
 from fla.ops.forgetting_attn.naive import naive_forgetting_attn as fla_naive_fox
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
 
 from rotarium.ops.forgetting_attn import (
     forgetting_attn_with_cache,
@@ -183,6 +185,48 @@ def test_cache_matches_oracles(gate, dtype):
     gr = None if g is None else g[1:2, 13:].detach()
     qfull = torch.cat([torch.zeros(1, Tk - 13 - Tq, 4, 16, dtype=dtype), qr], 1)
     assert_close(o[1:2], fla_oracle(qfull, kr, vr, gr)[:, -Tq:], atol=tol, rtol=max(tol, 1e-4))
+
+
+class NewTensors(TorchDispatchMode):
+    """The number of elements of every tensor an op makes inside the mode with memory of its own (not a view)."""
+
+    def __init__(self):
+        super().__init__()
+        self.sizes = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        given = {a.untyped_storage().data_ptr() for a in tree_flatten((args, kwargs))[0] if isinstance(a, torch.Tensor)}
+        self.sizes += [t.numel() for t in tree_flatten(out)[0]
+                       if isinstance(t, torch.Tensor) and t.untyped_storage().data_ptr() not in given]
+        return out
+
+
+@pytest.mark.parametrize("gate", [True, False])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("Tq", [1, 3])
+def test_decoding_steps_read_a_time_major_cache_where_it_lies(gate, dtype, Tq):
+    """Steps without gradients or padding (generation) go through the fused kernel on strided views of the cache,
+    as KVCache keeps it ([capacity, B, H, K] with room to grow), with GQA, the gate and several queries; nothing of
+    the cache's size is made (the blocks copy all of it into their own layout at every step)."""
+    B, Tk, capacity = 2, 50, 64
+    q = make_inputs(B, Tq, 4, 2, dtype=dtype)[0].detach()
+    # values as wide as the keys, as the models' heads (PyTorch's fused CPU kernel needs that)
+    _, k, v, g = (None if x is None else x.detach() for x in make_inputs(B, Tk, 4, 2, V=16, gate=gate, dtype=dtype))
+    ck = None if g is None else g.float().cumsum(1)
+    cq = None if g is None else ck[:, -Tq:]
+    cache_k, cache_v = k.new_empty(capacity, B, 2, 16), v.new_empty(capacity, B, 2, 16)
+    cache_k[:Tk], cache_v[:Tk] = k.transpose(0, 1), v.transpose(0, 1)
+    k_view, v_view = cache_k[:Tk].transpose(0, 1), cache_v[:Tk].transpose(0, 1)
+    with torch.no_grad(), NewTensors() as outputs:
+        o = forgetting_attn_with_cache(q, k_view, v_view, cq, ck)
+    ref = naive_forgetting_attn_with_cache(q, k, v, cq, ck)
+    assert o.dtype == dtype
+    tol = 1e-5 if dtype == torch.float32 else 3e-2
+    assert_close(o, ref, atol=tol, rtol=max(tol, 1e-4))
+    if gate and dtype == torch.bfloat16:
+        return  # the gate's bias would round in bf16 inside the fused kernel: these steps take the blocks
+    assert max(outputs.sizes) < k.numel(), outputs.sizes
 
 
 def test_cache_single_token():

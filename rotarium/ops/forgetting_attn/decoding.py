@@ -1,11 +1,13 @@
 """Forgetting attention of new queries against a KV cache (generation and left-padded prefill).
 
-On CUDA, one-token steps run fla's decoding kernel (``fla.ops.attn.decoding.attn_decoding_one_step``); everything
-else, and every call elsewhere, runs the blockwise PyTorch path.
+On CUDA, one-token steps run fla's decoding kernel (``fla.ops.attn.decoding.attn_decoding_one_step``). Elsewhere,
+steps without gradients or padding run PyTorch's fused attention kernel on the cache where it lies, and everything
+else runs the blockwise PyTorch path.
 """
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 
 from rotarium.ops.backend import FLA_KERNELS, record_backend, use_fla
 from rotarium.ops.forgetting_attn.parallel import block_attention, check_heads
@@ -97,10 +99,40 @@ def forgetting_attn_with_cache(
         t is not None and t.requires_grad for t in (q, k, v, q_log_decay_cumsum, k_log_decay_cumsum))
     if record_backend("forgetting_attn_with_cache", to_fla and kernel.serves(Tq, records_grad)):
         return _fla_decoding(q, k, v, k_log_decay_cumsum, scale, key_mask)
-    o = block_attention(
-        q, k, v, q_log_decay_cumsum, k_log_decay_cumsum, scale, q_offset=Tk - Tq, key_mask=key_mask
-    )
+    # The fused kernel adds the gate's bias in the inputs' dtype: bf16 would round c_q - c_k, as large as the decay
+    # over the whole cache, by far more than a score's own rounding, so there the gate stays on the blocks
+    fused_bias_exact = q_log_decay_cumsum is None or q.dtype == torch.float32
+    if key_mask is None and not records_grad and fused_bias_exact:
+        o = _fused_steps(q, k, v, q_log_decay_cumsum, k_log_decay_cumsum, scale)
+    else:
+        o = block_attention(
+            q, k, v, q_log_decay_cumsum, k_log_decay_cumsum, scale, q_offset=Tk - Tq, key_mask=key_mask
+        )
     return o.to(v.dtype)
+
+
+def _fused_steps(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_cumsum: torch.Tensor | None,
+                 k_cumsum: torch.Tensor | None, scale: float) -> torch.Tensor:
+    """The validated call of :func:`forgetting_attn_with_cache` without padding or gradients, through PyTorch's
+    fused attention kernel, which reads the keys and values through their strides: a cache laid out time-major is
+    read where it lies, where the blocks would first copy all of it into their own layout at every step. The query
+    heads sharing a key head (GQA) become more queries of that head, rather than copies of its keys and values.
+    The gate's bias ``c_q - c_k`` (and, for several queries, the causal offset) enters as the kernel's additive
+    mask."""
+    B, Tq, HQ, K = q.shape
+    Tk, H = k.shape[1], k.shape[2]
+    G = HQ // H
+    queries = q.reshape(B, Tq, H, G, K).permute(0, 2, 3, 1, 4).reshape(B, H, G * Tq, K)
+    mask = None
+    if q_cumsum is not None:  # [B, HQ, Tq, Tk] -> [B, H, G * Tq, Tk], as the queries
+        mask = q_cumsum.float().transpose(1, 2)[..., None] - k_cumsum.float().transpose(1, 2)[:, :, None, :]
+        mask = mask.reshape(B, H, G * Tq, Tk)
+    if Tq > 1:  # query i sits at key position Tk - Tq + i
+        positions = torch.arange(Tk, device=q.device)
+        visible = (positions[None, :] <= positions[Tk - Tq:, None]).repeat(G, 1)
+        mask = visible if mask is None else mask.masked_fill(~visible, float("-inf"))
+    o = F.scaled_dot_product_attention(queries, k.transpose(1, 2), v.transpose(1, 2), attn_mask=mask, scale=scale)
+    return o.reshape(B, H, G, Tq, -1).permute(0, 3, 1, 2, 4).reshape(B, Tq, HQ, -1)
 
 
 def _fla_decoding(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cumsum: torch.Tensor | None, scale: float,
