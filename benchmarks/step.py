@@ -20,12 +20,13 @@ users run) and prints how much each contender slows down against Llama. ``--prof
 goes (forward and backward separately, per family) instead of timing.
 
 ``--bf16`` times each family (RoPE) and Llama in float32 and under bf16 autocast (``train.mixed_precision: bf16``),
-with the target that every family's bf16 step is at least 2x faster where the CPU has bf16 matrix units, and
-decoding with float32 against bfloat16 weights (as a model loaded for inference in bf16), each beside Llama's.
+with the target that every family's bf16 step is at least 2x faster where the CPU has bf16 matrix units.
+``--decode`` times greedy decoding after a prefill of each length with float32 against bfloat16 weights (as a model
+loaded for inference in bf16), each family (RoPE) beside Llama in the same dtype.
 ``--compile`` times each family (RoPE) eager and with its blocks compiled as ``train.compile`` compiles them.
 
 ``python benchmarks/step.py [--lengths 512,2048,8192] [--layers 4] [--repeats 3] [--busy 1] [--profile]
-[--bf16 [--decode-steps 16]] [--compile]``
+[--bf16] [--decode [--decode-steps 16]] [--compile]``
 """
 from __future__ import annotations
 
@@ -233,7 +234,8 @@ def main() -> None:
     parser.add_argument("--profile", action="store_true", help="print profiles instead of timing")
     parser.add_argument("--profile-rows", type=int, default=15)
     parser.add_argument("--bf16", action="store_true", help="time float32 against bf16 autocast instead")
-    parser.add_argument("--decode-steps", type=int, default=16, help="tokens a decoding call makes (--bf16)")
+    parser.add_argument("--decode", action="store_true", help="time decoding, float32 against bf16 weights, instead")
+    parser.add_argument("--decode-steps", type=int, default=16, help="tokens a decoding call makes (--decode)")
     parser.add_argument("--compile", action="store_true", help="time eager against compiled blocks instead")
     parser.add_argument("--burn", type=int, default=0, help=argparse.SUPPRESS)  # a busy process's length
     args = parser.parse_args()
@@ -246,11 +248,12 @@ def main() -> None:
         for length in lengths:
             profile(length, args.layers, args.profile_rows)
         return
-    if args.bf16 or args.compile:
+    if args.bf16 or args.compile or args.decode:
         passed = True
         for length in lengths:
             if args.bf16:
                 passed &= compare_bf16(length, args.layers, args.repeats)
+            if args.decode:
                 compare_bf16_decoding(length, args.layers, args.repeats, args.decode_steps)
             if args.compile:
                 compare_compiled(length, args.layers, args.repeats)
