@@ -206,10 +206,10 @@ class NewTensors(TorchDispatchMode):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("Tq", [1, 3])
 def test_decoding_steps_read_a_time_major_cache_where_it_lies(gate, dtype, Tq):
-    """Steps without gradients or padding (generation) go through the fused kernel on strided views of the cache,
-    as KVCache keeps it ([capacity, B, H, K] with room to grow), with GQA, the gate (its bias kept float32 beside
-    bf16 inputs) and several queries; nothing of the cache's size is made (the blocks copy all of it into their own
-    layout at every step)."""
+    """float32 steps without gradients or padding (generation) go through the fused kernel on strided views of the
+    cache, as KVCache keeps it ([capacity, B, H, K] with room to grow), with GQA, the gate and several queries;
+    nothing of the cache's size is made (the blocks copy all of it into their own layout at every step). bf16 steps
+    give the same on the blocks."""
     B, Tk, capacity = 2, 50, 64
     q = make_inputs(B, Tq, 4, 2, dtype=dtype)[0].detach()
     # values as wide as the keys, as the models' heads (PyTorch's fused CPU kernel needs that)
@@ -225,7 +225,8 @@ def test_decoding_steps_read_a_time_major_cache_where_it_lies(gate, dtype, Tq):
     assert o.dtype == dtype
     tol = 1e-5 if dtype == torch.float32 else 3e-2
     assert_close(o, ref, atol=tol, rtol=max(tol, 1e-4))
-    assert max(outputs.sizes) < k.numel(), outputs.sizes
+    if dtype == torch.float32:  # bf16 steps on a CPU take the blocks (faster there), which convert the cache
+        assert max(outputs.sizes) < k.numel(), outputs.sizes
 
 
 def test_cache_single_token():

@@ -99,11 +99,11 @@ def forgetting_attn_with_cache(
         t is not None and t.requires_grad for t in (q, k, v, q_log_decay_cumsum, k_log_decay_cumsum))
     if record_backend("forgetting_attn_with_cache", to_fla and kernel.serves(Tq, records_grad)):
         return _fla_decoding(q, k, v, k_log_decay_cumsum, scale, key_mask)
-    # The gate's bias c_q - c_k is as large as the decay over the whole cache: rounded to bf16 it would err by more
-    # than a score's own rounding. PyTorch's CPU kernel takes it in float32 beside bf16 inputs; elsewhere a bf16 call
-    # with a gate stays on the blocks.
-    bias_kept_float32 = q_log_decay_cumsum is None or q.dtype == torch.float32 or q.device.type == "cpu"
-    if key_mask is None and not records_grad and bias_kept_float32:
+    # In bf16, PyTorch's CPU kernel handles a few queries against many keys slower than the blocks, which convert the
+    # cache to float32 once; elsewhere bf16 runs fused, but not with a gate, whose bias c_q - c_k (as large as the
+    # decay over the whole cache) would be rounded to bf16 there, by more than a score's own rounding.
+    fused = q.dtype == torch.float32 or (q.device.type != "cpu" and q_log_decay_cumsum is None)
+    if key_mask is None and not records_grad and fused:
         o = _fused_steps(q, k, v, q_log_decay_cumsum, k_log_decay_cumsum, scale)
     else:
         o = block_attention(
