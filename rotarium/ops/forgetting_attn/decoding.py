@@ -1,8 +1,8 @@
 """Forgetting attention of new queries against a KV cache (generation and left-padded prefill).
 
-On CUDA, one-token steps run fla's decoding kernel (``fla.ops.attn.decoding.attn_decoding_one_step``). Elsewhere,
-steps without gradients or padding run PyTorch's fused attention kernel on the cache where it lies, and everything
-else runs the blockwise PyTorch path.
+On CUDA, one-token steps run fla's decoding kernel (``fla.ops.attn.decoding.attn_decoding_one_step``). Otherwise,
+float32 steps without gradients or padding run PyTorch's fused attention kernel on the cache where it lies (as do
+bf16 steps without a gate off the CPU), and everything else runs the blockwise PyTorch path.
 """
 from __future__ import annotations
 
