@@ -120,8 +120,9 @@ class _LinearCrossEntropy(torch.autograd.Function):
         weight_dtype, bias_dtype = ctx.dtypes
         # `loss.backward()` passes exactly 1: the gradients are then returned as they are, sparing a pass over the
         # [V, D] weight gradient and a fresh buffer for it (reading the value is free on a CPU; it would make a GPU
-        # wait, so there every gradient is scaled)
-        if grad_loss.device.type == "cpu" and grad_loss.item() == 1.0:
+        # wait, and break a compiled graph, so there every gradient is scaled)
+        if (not torch.compiler.is_compiling() and grad_loss.device.type == "cpu"
+                and grad_loss.item() == 1.0):
             return (grad_x, None, None if grad_weight is None else grad_weight.to(weight_dtype),
                     None if grad_bias is None else grad_bias.to(bias_dtype), None, None, None, None, None, None)
         scale = grad_loss.float()
