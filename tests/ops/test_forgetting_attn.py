@@ -5,8 +5,6 @@ import torch
 import torch.nn.functional as F
 from fla.ops.attn.naive import naive_parallel_attn as fla_naive_attn
 from fla.ops.forgetting_attn.naive import naive_forgetting_attn as fla_naive_fox
-from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_flatten
 
 from rotarium.ops.forgetting_attn import (
     forgetting_attn_with_cache,
@@ -16,6 +14,7 @@ from rotarium.ops.forgetting_attn import (
 )
 from rotarium.ops.forgetting_attn import parallel as parallel_mod
 from tests.asserts import assert_close
+from tests.dispatch import OpOutputs
 
 
 def make_inputs(B, T, HQ, H, K=16, V=32, gate=True, dtype=torch.float32, g_low=None):
@@ -187,21 +186,6 @@ def test_cache_matches_oracles(gate, dtype):
     assert_close(o[1:2], fla_oracle(qfull, kr, vr, gr)[:, -Tq:], atol=tol, rtol=max(tol, 1e-4))
 
 
-class NewTensors(TorchDispatchMode):
-    """The number of elements of every tensor an op makes inside the mode with memory of its own (not a view)."""
-
-    def __init__(self):
-        super().__init__()
-        self.sizes = []
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
-        given = {a.untyped_storage().data_ptr() for a in tree_flatten((args, kwargs))[0] if isinstance(a, torch.Tensor)}
-        self.sizes += [t.numel() for t in tree_flatten(out)[0]
-                       if isinstance(t, torch.Tensor) and t.untyped_storage().data_ptr() not in given]
-        return out
-
-
 @pytest.mark.parametrize("gate", [True, False])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("Tq", [1, 3])
@@ -219,14 +203,14 @@ def test_decoding_steps_read_a_time_major_cache_where_it_lies(gate, dtype, Tq):
     cache_k, cache_v = k.new_empty(capacity, B, 2, 16), v.new_empty(capacity, B, 2, 16)
     cache_k[:Tk], cache_v[:Tk] = k.transpose(0, 1), v.transpose(0, 1)
     k_view, v_view = cache_k[:Tk].transpose(0, 1), cache_v[:Tk].transpose(0, 1)
-    with torch.no_grad(), NewTensors() as outputs:
+    with torch.no_grad(), OpOutputs() as ops:
         o = forgetting_attn_with_cache(q, k_view, v_view, cq, ck)
     ref = naive_forgetting_attn_with_cache(q, k, v, cq, ck)
     assert o.dtype == dtype
     tol = 1e-5 if dtype == torch.float32 else 3e-2
     assert_close(o, ref, atol=tol, rtol=max(tol, 1e-4))
     if dtype == torch.float32:  # bf16 steps on a CPU take the blocks (faster there), which convert the cache
-        assert max(outputs.sizes) < k.numel(), outputs.sizes
+        assert max(ops.new_sizes()) < k.numel(), ops.new_sizes()
 
 
 def test_cache_single_token():

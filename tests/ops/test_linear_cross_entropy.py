@@ -11,6 +11,7 @@ from torch.utils._pytree import tree_flatten
 
 from rotarium.ops.linear_cross_entropy import fused_linear_cross_entropy_loss
 from tests.asserts import assert_close, assert_close_at_scale
+from tests.dispatch import OpOutputs
 
 N, D, V = 37, 16, 50
 
@@ -116,18 +117,7 @@ def test_under_bf16_autocast_every_product_is_bf16_and_the_sums_float32():
         assert_close(grad, grad_ref, 2e-2 * grad_ref.abs().max(), rtol=0)
 
 
-class Fills(TorchDispatchMode):
-    """The shapes of the tensors an op fills with a constant (zeros, fill_, zero_)."""
-
-    def __init__(self):
-        super().__init__()
-        self.shapes = []
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
-        if func.overloadpacket.__name__ in ("zeros", "fill_", "zero_", "new_zeros", "zeros_like"):
-            self.shapes.append(tuple(out.shape))
-        return out
+FILLS = ("zeros", "fill_", "zero_", "new_zeros", "zeros_like")  # ops that fill a tensor with a constant
 
 
 @pytest.mark.parametrize("autocast", [False, True], ids=["float32", "bf16-autocast"])
@@ -135,26 +125,12 @@ def test_the_weight_gradient_is_written_by_the_first_chunk_not_zeroed_first(auto
     """A [V, D] pass of zeros is as long as a chunk's softmax: the first chunk's product writes the gradient."""
     x, target, weight, _ = leaves()
     _, grads_ref = loss_and_grads(plain, x, target, weight, None)
-    with Fills() as fills, torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+    with OpOutputs() as ops, torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
         _, grads = loss_and_grads(fused_linear_cross_entropy_loss, x, target, weight, None, num_chunks=3)
-    assert (V, D) not in fills.shapes, fills.shapes
+    assert (V, D) not in ops.shapes(*FILLS), ops.shapes(*FILLS)
     bound = 2e-2 if autocast else 1e-5
     for grad, grad_ref in zip(grads, grads_ref, strict=True):
         assert_close(grad, grad_ref, bound * grad_ref.abs().max(), rtol=0)
-
-
-class Outputs(TorchDispatchMode):
-    """The name and output shape of every op run inside the mode."""
-
-    def __init__(self):
-        super().__init__()
-        self.ops = []
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
-        self.ops += [(func.overloadpacket.__name__, tuple(t.shape)) for t in tree_flatten(out)[0]
-                     if isinstance(t, torch.Tensor)]
-        return out
 
 
 def test_loss_backward_takes_the_forwards_gradients_without_a_pass_over_the_weight():
@@ -164,9 +140,9 @@ def test_loss_backward_takes_the_forwards_gradients_without_a_pass_over_the_weig
     reference = plain(x, target, weight)
     expected = torch.autograd.grad(reference, (x, weight))
     loss = fused_linear_cross_entropy_loss(x, target, weight, num_chunks=3)
-    with Outputs() as outputs:
+    with OpOutputs() as ops:
         loss.backward()
-    assert not [op for op in outputs.ops if op[1] == (V, D) and op[0] != "detach"], outputs.ops
+    assert not [op for op in ops.outputs if op[1] == (V, D) and op[0] != "detach"], ops.outputs
     for grad, grad_ref in zip((x.grad, weight.grad), expected, strict=True):
         assert_close(grad, grad_ref, 1e-5 * grad_ref.abs().max(), rtol=0)
 
