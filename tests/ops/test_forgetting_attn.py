@@ -190,10 +190,10 @@ def test_cache_matches_oracles(gate, dtype):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("Tq", [1, 3])
 def test_decoding_steps_read_a_time_major_cache_where_it_lies(gate, dtype, Tq):
-    """float32 steps without gradients or padding (generation) go through the fused kernel on strided views of the
-    cache, as KVCache keeps it ([capacity, B, H, K] with room to grow), with GQA, the gate and several queries;
-    nothing of the cache's size is made (the blocks copy all of it into their own layout at every step). bf16 steps
-    give the same on the blocks."""
+    """Steps without gradients or padding (generation) go through the fused kernel on strided views of the cache, as
+    KVCache keeps it ([capacity, B, H, K] with room to grow), with GQA, the gate and several queries. In float32
+    nothing of the cache's size is made (the blocks copy all of it into their own layout at every step); bf16 on a
+    CPU makes one float32 copy of the keys and of the values, and nothing larger."""
     B, Tk, capacity = 2, 50, 64
     q = make_inputs(B, Tq, 4, 2, dtype=dtype)[0].detach()
     # values as wide as the keys, as the models' heads (PyTorch's fused CPU kernel needs that)
@@ -209,8 +209,11 @@ def test_decoding_steps_read_a_time_major_cache_where_it_lies(gate, dtype, Tq):
     assert o.dtype == dtype
     tol = 1e-5 if dtype == torch.float32 else 3e-2
     assert_close(o, ref, atol=tol, rtol=max(tol, 1e-4))
-    if dtype == torch.float32:  # bf16 steps on a CPU take the blocks (faster there), which convert the cache
+    assert ops.shapes("_scaled_dot_product_flash_attention_for_cpu")
+    if dtype == torch.float32:
         assert max(ops.new_sizes()) < k.numel(), ops.new_sizes()
+    else:
+        assert ops.shapes("_to_copy").count(tuple(k.shape)) == 2 and max(ops.new_sizes()) <= k.numel()
 
 
 def test_cache_single_token():

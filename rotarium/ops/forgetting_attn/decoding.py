@@ -1,8 +1,8 @@
 """Forgetting attention of new queries against a KV cache (generation and left-padded prefill).
 
 On CUDA, one-token steps run fla's decoding kernel (``fla.ops.attn.decoding.attn_decoding_one_step``). Otherwise,
-float32 steps without gradients or padding run PyTorch's fused attention kernel on the cache where it lies (as do
-bf16 steps without a gate off the CPU), and everything else runs the blockwise PyTorch path.
+steps without gradients or padding run PyTorch's fused attention kernel on the cache where it lies (bf16 ones on a
+float32 copy on a CPU or with a gate), and everything else runs the blockwise PyTorch path.
 """
 from __future__ import annotations
 
@@ -99,12 +99,13 @@ def forgetting_attn_with_cache(
         t is not None and t.requires_grad for t in (q, k, v, q_log_decay_cumsum, k_log_decay_cumsum))
     if record_backend("forgetting_attn_with_cache", to_fla and kernel.serves(Tq, records_grad)):
         return _fla_decoding(q, k, v, k_log_decay_cumsum, scale, key_mask)
-    # In bf16, PyTorch's CPU kernel handles a few queries against many keys slower than the blocks, which convert the
-    # cache to float32 once; elsewhere bf16 runs fused, but not with a gate, whose bias c_q - c_k (as large as the
-    # decay over the whole cache) would be rounded to bf16 there, by more than a score's own rounding.
-    fused = q.dtype == torch.float32 or (q.device.type != "cpu" and q_log_decay_cumsum is None)
-    if key_mask is None and not records_grad and fused:
-        o = _fused_steps(q, k, v, q_log_decay_cumsum, k_log_decay_cumsum, scale)
+    if key_mask is None and not records_grad:
+        # bf16 runs the fused kernel on a float32 copy on a CPU, whose kernel handles a few bf16 queries against many
+        # keys slower than float32 ones, and wherever a gate's bias c_q - c_k (as large as the decay over the whole
+        # cache) would be rounded to bf16, by more than a score's own rounding. The copy keeps the cache's layout.
+        native = q.device.type != "cpu" and q_log_decay_cumsum is None
+        compute = q.dtype if native else torch.promote_types(q.dtype, torch.float32)
+        o = _fused_steps(q.to(compute), k.to(compute), v.to(compute), q_log_decay_cumsum, k_log_decay_cumsum, scale)
     else:
         o = block_attention(
             q, k, v, q_log_decay_cumsum, k_log_decay_cumsum, scale, q_offset=Tk - Tq, key_mask=key_mask
