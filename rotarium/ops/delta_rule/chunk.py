@@ -12,10 +12,10 @@ and unrolling inside the chunk gives the lower-triangular system (WY / UT transf
 ``u = U - W S`` with ``U = (I + A)^-1 diag(beta) V`` and ``W = (I + A)^-1 diag(beta) exp(gamma) K``. Then
 ``O = exp(gamma) Q S + P u`` with ``P = (Q K^T * exp(gamma_i - gamma_j))`` masked to j <= i, and
 ``S' = exp(gamma_C) S + (exp(gamma_C - gamma) K)^T u``.
-Substituting u, everything but S is known before the scan:
-``O = Q' S + P U`` with ``Q' = exp(gamma) Q - P W``, and ``S' = G S + N`` with
-``G = exp(gamma_C) I - (exp(gamma_C - gamma) K)^T W``, ``N = (exp(gamma_C - gamma) K)^T U``.
-So the sequential part is one ``[K, K] @ [K, V]`` matmul per chunk; all the rest is batched over chunks.
+So the sequential part is, per chunk, ``u = U - W S`` and ``S'`` from it, two products of ``[C, K] x [K, V]``'s
+size; A, its inverse, U, W and P are batched over the chunks before the scan, and O over them after it. Folding W
+into a transition ``G = exp(gamma_C) I - (exp(gamma_C - gamma) K)^T W`` would leave one ``[K, K] @ [K, V]`` product
+per chunk, but forming G and the outputs' share of it costs about half again as many FLOPs when K = 2C.
 Where every chunk decays by at most e^-BOUND, the decays move off the keys altogether: a per-head decay commutes
 with the rule's transitions, so the chunk runs the plain rule on rescaled values (see :func:`_intra_chunk`).
 """
@@ -154,52 +154,50 @@ def unit_lower_inverse_(A: torch.Tensor) -> torch.Tensor:
 
 
 def _intra_chunk(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, gamma: torch.Tensor | None, beta: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, gamma: torch.Tensor | None, beta: torch.Tensor, scale: float
+) -> tuple[torch.Tensor, ...]:
     """Everything that does not depend on the state, batched over chunks ``[m, B*H, C, D]``.
 
-    Returns G ``[m, BH, K, K]``, N ``[m, BH, K, V]``, Q_state ``[m, BH, C, K]``, O_intra ``[m, BH, C, V]`` and
-    ``decay`` ``[m, BH, 1, 1]`` or None: with ``S_hat = decay * S`` (S itself when None), the chunk's outputs are
-    ``O = Q_state S_hat + O_intra`` (unscaled) and the next state ``S' = G S_hat + N``.
+    Returns ``(q_in, P, U, W, k_out, decay, state_diagonal)``: q_in ``[m, BH, C, K]``, P ``[m, BH, C, C]``,
+    U ``[m, BH, C, V]``, W ``[m, BH, C, K]``, k_out ``[m, BH, C, K]``, and ``decay`` and ``state_diagonal``
+    ``[m, BH, 1, 1]`` or None (1). With ``S_hat = decay * S``, the chunk's corrected values are
+    ``u = U - W S_hat``, its outputs ``O = q_in S_hat + P u`` (scaled: q_in and P carry ``scale``, which costs
+    nothing where q is multiplied anyway and spares the scaled products' backward a multiply each) and the next
+    state ``S' = state_diagonal S_hat + k_out^T u``.
     """
-    C, K, V = q.shape[-2], k.shape[-1], v.shape[-1]
-    decay, state_diagonal = None, 1.0  # G = state_diagonal I - KW
+    decay, state_diagonal = None, None
     if gamma is None or bool(gamma[..., -1].amin() >= -BOUND):  # no decay, or every chunk's is at most e^-BOUND
         k_beta = k * beta
         A = k_beta @ k.transpose(-1, -2)
         k_out = k
         if gamma is None:
-            q_in, v_beta = q, v * beta
+            q_in, v_beta = q * scale, v * beta
         else:
             # A per-head decay is a scalar, so it commutes with every (I - beta k k^T): inside a chunk the gated
             # rule is the plain one run on exp(gamma_C - gamma) v (factors <= 1), each output raised by
             # exp(gamma_i - gamma_C) >= 1 (on q, so that it reaches the state's share of the output too), and the
-            # state entering the chunk lowered by exp(gamma_C). A, W and G stay the plain rule's: one scaled [C, K]
+            # state entering the chunk lowered by exp(gamma_C). A and W stay the plain rule's: one scaled [C, K]
             # copy (q's) where decays on the keys took three, and their backward.
             last = gamma[..., -1:]
-            q_in = q * (gamma - last).exp()[..., None]
+            q_in = q * ((gamma - last).exp() * scale)[..., None]
             v_beta = v * (beta * (last - gamma).exp()[..., None])
             decay = last.exp()[..., None]
         P = (q_in @ k.transpose(-1, -2)).tril_()
-        rhs = torch.cat([v_beta, k_beta], -1)
+        w_rhs = k_beta
     else:  # some chunk decays by more: exp only of non-positive differences, masked first
         decay_in = gamma.exp()[..., None]  # exp(gamma_i): decay from the chunk start to i
+        C = q.shape[-2]
         causal = torch.ones(C, C, dtype=torch.bool, device=q.device).tril()
         decays = (gamma[..., :, None] - gamma[..., None, :]).masked_fill(~causal, float("-inf")).exp()
         A = ((k * beta) @ k.transpose(-1, -2)) * decays
-        P = (q @ k.transpose(-1, -2)) * decays
-        rhs = torch.cat([v * beta, k * (beta * decay_in)], -1)
+        q_in = q * (decay_in * scale)
+        P = ((q * scale) @ k.transpose(-1, -2)) * decays
+        v_beta, w_rhs = v * beta, k * (beta * decay_in)
         k_out = k * (gamma[..., -1:, None] - gamma[..., None]).exp()  # exp(gamma_C - gamma_j): j to the chunk end
-        q_in = q * decay_in
-        state_diagonal = decay_in[..., -1, :]  # exp(gamma_C)
-    UW = unit_lower_inverse_(A) @ rhs  # [m, BH, C, V + K]
-    O_intra, PW = (P @ UW).split([V, K], -1)
-    N, KW = (k_out.transpose(-1, -2) @ UW).split([V, K], -1)
-    Q_state = q_in - PW
-    G = -KW
-    # the diagonal is a view of a fresh tensor, so autograd follows the in-place add
-    G.diagonal(dim1=-2, dim2=-1).add_(state_diagonal)
-    return G, N, Q_state, O_intra, decay
+        state_diagonal = decay_in[..., -1:, :]  # exp(gamma_C)
+    inverse = unit_lower_inverse_(A)
+    U, W = inverse @ v_beta, inverse @ w_rhs
+    return q_in, P, U, W, k_out, decay, state_diagonal
 
 
 def _chunk_gated_delta_rule_fwd(
@@ -219,18 +217,26 @@ def _chunk_gated_delta_rule_fwd(
     outputs = []
     for q_b, k_b, v_b, beta_b, g_b in time_blocks(CHUNK_SIZE, q, k, v, beta, g):
         gamma_b = None if g_b is None else g_b.cumsum(-1)  # within-chunk cumulative log decay, <= 0
-        G, N, Q_state, O_intra, decay = _intra_chunk(q_b, k_b, v_b, gamma_b, beta_b[..., None])
-        decays = [None] * G.shape[0] if decay is None else decay.unbind(0)
-        states = []
+        q_in, P, U, W, k_out, decay, state_diagonal = _intra_chunk(q_b, k_b, v_b, gamma_b, beta_b[..., None], scale)
+        decays, diagonals = ([None] * U.shape[0] if x is None else x.unbind(0) for x in (decay, state_diagonal))
+        states, corrected = [], []
         # unbind and stack, not indexing: linear-cost backward, as with the blocks
-        for G_c, N_c, decay_c in zip(G.unbind(0), N.unbind(0), decays):
-            if S is not None and decay_c is not None:
+        for U_c, W_c, k_c, decay_c, diagonal_c in zip(U.unbind(0), W.unbind(0), k_out.unbind(0), decays, diagonals):
+            if S is None:
+                states.append(q.new_zeros(B * H, K, V))
+                corrected.append(U_c)
+                S = k_c.transpose(-1, -2) @ U_c
+                continue
+            if decay_c is not None:
                 S = S * decay_c
-            states.append(q.new_zeros(B * H, K, V) if S is None else S)
-            S = N_c if S is None else torch.baddbmm(N_c, G_c, S)
+            states.append(S)
+            u = torch.baddbmm(U_c, W_c, S, alpha=-1.0)
+            corrected.append(u)
+            S = torch.baddbmm(S if diagonal_c is None else S * diagonal_c, k_c.transpose(-1, -2), u)
+        u_all = torch.stack(corrected)
         S_in = torch.stack(states)  # the (decayed) state entering each chunk
-        o = torch.baddbmm(O_intra.flatten(0, 1), Q_state.flatten(0, 1), S_in.flatten(0, 1), beta=scale, alpha=scale)
-        outputs.append(o.view_as(O_intra))
+        o = (P @ u_all).flatten(0, 1).baddbmm_(q_in.flatten(0, 1), S_in.flatten(0, 1))
+        outputs.append(o.view_as(u_all))
     o = join_time_blocks(outputs, B, T)
     return o, (S.view(B, H, K, V) if output_final_state else None)
 
