@@ -47,15 +47,24 @@ class _LinearCrossEntropy(torch.autograd.Function):
         product = (torch.empty(weight.shape, dtype=low, device=weight.device)
                    if low is not None and needs_weight else None)
         w = weight if low is None else weight.to(low)
+        # Every chunk's float32 logits are written into one buffer: a fresh [chunk, V] tensor per chunk is, at a
+        # large vocabulary, memory the allocator maps anew each time (glibc maps blocks this large on their own), so
+        # each chunk would first wait for its pages to be zeroed.
+        logits = torch.empty(min(chunk, N), V, dtype=torch.float32, device=x.device)
         for start in range(0, N, chunk):
             end = min(start + chunk, N)
             x_chunk, chunk_valid = x[start:end], valid[start:end]
             if low is not None:
                 x_chunk = x_chunk.to(low)  # once for the logits and the weight's gradient
             chunk_target = target[start:end].masked_fill(~chunk_valid, 0)
-            # the previous chunk's logits are freed before this chunk's exist, not after
-            z = grad_z = capped = None
-            z = F.linear(x_chunk, w, bias).float()
+            z, capped = logits[: end - start], None
+            if w.dtype == torch.float32 and x_chunk.dtype == torch.float32:
+                if bias is None:
+                    torch.mm(x_chunk, w.t(), out=z)
+                else:
+                    torch.addmm(bias.float(), x_chunk, w.t(), out=z)
+            else:
+                z.copy_(F.linear(x_chunk, w, bias))
             if logit_scale != 1.0:
                 z.mul_(logit_scale)
             if logit_softcapping is not None:
@@ -100,7 +109,10 @@ class _LinearCrossEntropy(torch.autograd.Function):
                         grad_weight.add_(product)
                 continue
             if grad_x is not None:
-                grad_x[start:end] = grad_z.to(w.dtype) @ w
+                if grad_x.dtype == w.dtype == torch.float32:
+                    torch.mm(grad_z, w, out=grad_x[start:end])
+                else:
+                    grad_x[start:end] = grad_z.to(w.dtype) @ w
             if grad_weight is not None:
                 x_chunk = x_chunk.to(grad_z.dtype)
                 if start == 0:

@@ -81,11 +81,11 @@ def test_no_gradients_computed_when_none_are_needed():
 
 class Matmuls(TorchDispatchMode):
     """The dtypes of the matmuls' factors, and the shapes (sorted: a transposed tensor counts as itself) of the
-    tensors cast to another dtype."""
+    tensors cast to another dtype: into a new tensor (``casts``) or into an existing one (``casts_into``)."""
 
     def __init__(self):
         super().__init__()
-        self.factors, self.casts = [], collections.Counter()
+        self.factors, self.casts, self.casts_into = [], collections.Counter(), collections.Counter()
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         name = func.overloadpacket.__name__
@@ -93,6 +93,8 @@ class Matmuls(TorchDispatchMode):
             self.factors.append((name, *(a.dtype for a in args[-2:])))
         if name == "_to_copy":
             self.casts[tuple(sorted(args[0].shape))] += 1
+        if name == "copy_" and args[0].dtype != args[1].dtype:  # a cast into a buffer
+            self.casts_into[tuple(sorted(args[1].shape))] += 1
         return func(*args, **(kwargs or {}))
 
 
@@ -109,7 +111,8 @@ def test_under_bf16_autocast_every_product_is_bf16_and_the_sums_float32():
     assert all(factors[1:] == (torch.bfloat16, torch.bfloat16) for factors in matmuls.factors), matmuls.factors
     chunk = -(-N // 4)
     assert matmuls.casts[D, V] == 1
-    assert matmuls.casts[chunk, V] == 2 * (N // chunk) and matmuls.casts[N % chunk, V] == 2, matmuls.casts
+    logit_casts = matmuls.casts + matmuls.casts_into
+    assert logit_casts[chunk, V] == 2 * (N // chunk) and logit_casts[N % chunk, V] == 2, logit_casts
     assert matmuls.casts[chunk, D] == N // chunk and matmuls.casts[N % chunk, D] == 1, matmuls.casts
     assert loss.dtype == torch.float32 and [g.dtype for g in grads] == [torch.float32] * 3
     assert_close_at_scale(loss, loss_ref, 2e-2)
