@@ -57,7 +57,8 @@ class _LinearCrossEntropy(torch.autograd.Function):
             if low is not None:
                 x_chunk = x_chunk.to(low)  # once for the logits and the weight's gradient
             chunk_target = target[start:end].masked_fill(~chunk_valid, 0)
-            z, capped = logits[: end - start], None
+            # the previous chunk's other full-size temporaries are freed before this chunk's exist, not after
+            z, grad_z, capped = logits[: end - start], None, None
             if w.dtype == torch.float32 and x_chunk.dtype == torch.float32:
                 if bias is None:
                     torch.mm(x_chunk, w.t(), out=z)
