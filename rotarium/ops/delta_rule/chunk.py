@@ -214,7 +214,7 @@ def _chunk_gated_delta_rule_fwd(
     B, T, H, K = q.shape
     V = v.shape[-1]
     S = None if initial_state is None else initial_state.float().reshape(B * H, K, V)
-    outputs = []
+    outputs, chunks_left = [], -(-T // CHUNK_SIZE)
     for q_b, k_b, v_b, beta_b, g_b in time_blocks(CHUNK_SIZE, q, k, v, beta, g):
         gamma_b = None if g_b is None else g_b.cumsum(-1)  # within-chunk cumulative log decay, <= 0
         q_in, P, U, W, k_out, decay, state_diagonal = _intra_chunk(q_b, k_b, v_b, gamma_b, beta_b[..., None], scale)
@@ -224,15 +224,20 @@ def _chunk_gated_delta_rule_fwd(
         for U_c, W_c, k_c, decay_c, diagonal_c in zip(U.unbind(0), W.unbind(0), k_out.unbind(0), decays, diagonals):
             if S is None:
                 states.append(q.new_zeros(B * H, K, V))
-                corrected.append(U_c)
-                S = k_c.transpose(-1, -2) @ U_c
-                continue
-            if decay_c is not None:
-                S = S * decay_c
-            states.append(S)
-            u = torch.baddbmm(U_c, W_c, S, alpha=-1.0)
+                u = U_c
+            else:
+                if decay_c is not None:
+                    S = S * decay_c
+                states.append(S)
+                u = torch.baddbmm(U_c, W_c, S, alpha=-1.0)
             corrected.append(u)
-            S = torch.baddbmm(S if diagonal_c is None else S * diagonal_c, k_c.transpose(-1, -2), u)
+            chunks_left -= 1
+            if chunks_left == 0 and not output_final_state:
+                break  # nothing reads the state after the last chunk
+            if S is None:
+                S = k_c.transpose(-1, -2) @ u
+            else:
+                S = torch.baddbmm(S if diagonal_c is None else S * diagonal_c, k_c.transpose(-1, -2), u)
         u_all = torch.stack(corrected)
         S_in = torch.stack(states)  # the (decayed) state entering each chunk
         o = (P @ u_all).flatten(0, 1).baddbmm_(q_in.flatten(0, 1), S_in.flatten(0, 1))
