@@ -234,10 +234,8 @@ def _chunk_gated_delta_rule_fwd(
             chunks_left -= 1
             if chunks_left == 0 and not output_final_state:
                 break  # nothing reads the state after the last chunk
-            if S is None:
-                S = k_c.transpose(-1, -2) @ u
-            else:
-                S = torch.baddbmm(S if diagonal_c is None else S * diagonal_c, k_c.transpose(-1, -2), u)
+            carried = S if S is None or diagonal_c is None else S * diagonal_c
+            S = k_c.transpose(-1, -2) @ u if carried is None else torch.baddbmm(carried, k_c.transpose(-1, -2), u)
         u_all = torch.stack(corrected)
         S_in = torch.stack(states)  # the (decayed) state entering each chunk
         o = (P @ u_all).flatten(0, 1).baddbmm_(q_in.flatten(0, 1), S_in.flatten(0, 1))
