@@ -16,8 +16,10 @@ Targets (each printed with PASS/FAIL):
   logits (its memory: benchmarks/lm_head.py).
 
 ``--busy N`` times the same rounds again with N other processes running Llama's step on the machine (how most
-users run) and prints how much each contender slows down against Llama. ``--profile`` prints where a step's time
-goes (forward and backward separately, per family) instead of timing.
+users run) and prints how much each contender slows down against Llama. The busy processes inherit the environment,
+so ``OMP_WAIT_POLICY=PASSIVE python benchmarks/step.py --busy 1`` measures both sides with threads that sleep at
+once instead of spinning (docs/training.md, "On a shared CPU"). ``--profile`` prints where a step's time goes
+(forward and backward separately, per family) instead of timing.
 
 ``--bf16`` times each family (RoPE) and Llama in float32 and under bf16 autocast (``train.mixed_precision: bf16``),
 with the target that every family's bf16 step is at least 2x faster where the CPU has bf16 matrix units.
