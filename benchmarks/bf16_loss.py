@@ -23,6 +23,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
+from rotarium.training.metrics import metric_points
 from rotarium.training.run_folder import FINAL, METRICS, TRAINING_ARGS
 from rotarium.utils.devices import cpu_bf16_matmul, read_cpuinfo
 from rotarium.utils.files import read_jsonl
@@ -71,8 +72,7 @@ def train(folder: Path, settings: dict[str, object]) -> None:
 def curves(folder: Path) -> dict[str, dict[int, float]]:
     """``{"loss": {step: logged training loss}, "val_loss": {step: validation loss}}`` of a run."""
     records = read_jsonl(folder / METRICS)
-    return {key: {r["step"]: r[key] for r in records if isinstance(r.get(key), (int, float)) and "step" in r}
-            for key in ("loss", "val_loss")}
+    return {key: dict(metric_points(records, key)) for key in ("loss", "val_loss")}
 
 
 def relative_differences(reference: dict[int, float], other: dict[int, float]) -> dict[int, float]:

@@ -27,7 +27,7 @@ def append_record(path: Path, record: dict[str, Any]) -> None:
     append_text(path, json.dumps(strict_record(record), allow_nan=False) + "\n")
 
 
-def _points(records: list[dict[str, Any]], key: str) -> list[tuple[int, float]]:
+def metric_points(records: list[dict[str, Any]], key: str) -> list[tuple[int, float]]:
     """(step, value) of the records with a finite ``key`` (a null or, in files written before, a NaN is a gap)."""
     return [(r["step"], r[key]) for r in records
             if isinstance(r.get(key), (int, float)) and math.isfinite(r[key]) and "step" in r]
@@ -51,7 +51,7 @@ def plot_loss_curve(metrics_path: Path, png: Path) -> None:
     import matplotlib.pyplot as plt
 
     records = read_jsonl(metrics_path)
-    train, val = _points(records, "loss"), _points(records, "val_loss")
+    train, val = metric_points(records, "loss"), metric_points(records, "val_loss")
     fig, ax = plt.subplots(figsize=(6, 4))
     if train:
         ax.plot(*zip(*train), label="train")
