@@ -530,8 +530,16 @@ PRESET_ROWS = {f"{name}-370m": (f"{family}-370m", overrides) for name, (family, 
 # the family has them (the presets leave them off, and the 370M rows run those).
 FAMILY_ROWS = {name: (f"{family}-370m", overrides | (QK_NORM_GQA if has_qk_norm_and_gqa(family) else {}))
                for name, (family, overrides) in ROW_FAMILIES.items()}
-# A dry run's models: the preset's options at a tiny width.
-TINY = {"hidden_size": 64, "vocab_size": 256, "intermediate_size": 128}
+# A dry run's models: the preset's options at a tiny width and with two heads. Triton's interpreter runs a kernel's
+# programs (one per sequence, head and block) one after another, so the heads are what an interpreted row's time
+# grows with; a row with GQA keeps it, with four query heads on two key and value heads.
+TINY = {"hidden_size": 64, "vocab_size": 256, "intermediate_size": 128, "num_heads": 2}
+
+
+def tiny_sizes(overrides: dict, layers: int) -> dict:
+    """``overrides`` at :data:`TINY`'s sizes, ``layers`` deep."""
+    gqa = {"num_heads": 4, "num_kv_heads": 2} if "num_kv_heads" in overrides else {}
+    return overrides | TINY | gqa | {"num_hidden_layers": layers}
 # fla's causal-LM class of each fla model type the presets map to.
 FLA_MODELS = {"gla": "GLAForCausalLM", "delta_net": "DeltaNetForCausalLM",
               "gated_deltanet": "GatedDeltaNetForCausalLM",
@@ -620,7 +628,7 @@ def check_training(name: str, preset: str, overrides: dict, ctx: Context, args: 
                    report: Report) -> None:
     """Two rows: rotarium's training step (ops on ``auto``), then fla's model of the same preset from the same
     weights (or why there is none)."""
-    overrides = {**overrides, **((TINY | {"num_hidden_layers": 2}) if ctx.tiny else {})}
+    overrides = tiny_sizes(overrides, 2) if ctx.tiny else overrides
     # interpreted kernels are not timed: their speed says nothing of a GPU's
     B, T, steps = (args.batch, args.seq_len, args.steps) if not ctx.tiny else (2, 64, int(ctx.dry_run))
     peak = peak_flops(torch.cuda.get_device_name()) if ctx.device == "cuda" else None
@@ -748,8 +756,8 @@ def e2e_side(model: torch.nn.Module, data: dict, backend: str, ctx: Context) -> 
 
 def check_e2e(family: str, encoding: str, ctx: Context) -> tuple[str, str]:
     preset, overrides = FAMILY_ROWS[family]
-    sizes = (TINY | {"num_hidden_layers": 1}) if ctx.tiny else {"num_hidden_layers": 2, "vocab_size": 1024}
-    config = preset_config(preset, **overrides, **sizes, position_encoding=encoding)
+    sizes = tiny_sizes(overrides, 1) if ctx.tiny else overrides | {"num_hidden_layers": 2, "vocab_size": 1024}
+    config = preset_config(preset, **sizes, position_encoding=encoding)
     model = build_model(config, ctx.device)
     # tokens, packed documents (one of a single token), prefill, decoded tokens, tokens continued with gradients
     T, cu, P, D, C = (24, (0, 6, 7, 18, 24), 12, 3, 3) if ctx.tiny else (300, (0, 70, 71, 230, 300), 130, 10, 5)
@@ -778,8 +786,8 @@ def check_no_host_sync(family: str, encoding: str, ctx: Context) -> tuple[str, s
     once fla's kernels are compiled, nothing in rotarium may read a device value (the CPU's proxy is the meta-device
     test, tests/models/test_meta_device.py)."""
     preset, overrides = FAMILY_ROWS[family]
-    sizes = (TINY | {"num_hidden_layers": 1}) if ctx.tiny else {"num_hidden_layers": 2, "vocab_size": 1024}
-    config = preset_config(preset, **overrides, **sizes, position_encoding=encoding)
+    sizes = tiny_sizes(overrides, 1) if ctx.tiny else overrides | {"num_hidden_layers": 2, "vocab_size": 1024}
+    config = preset_config(preset, **sizes, position_encoding=encoding)
     model = build_model(config, ctx.device).train()
     ids = torch.randint(0, config.vocab_size, (2, 24 if ctx.tiny else 300), device=ctx.device)
 

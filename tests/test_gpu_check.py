@@ -218,7 +218,7 @@ def test_fla_peer_computes_what_the_preset_computes(gpu_check, name):
     from tests.fla_cpu import fla_on_cpu, spread_parameters
 
     preset, overrides = gpu_check.PRESET_ROWS[name]
-    config = preset_config(preset, **overrides, **gpu_check.TINY, num_hidden_layers=2)
+    config = preset_config(preset, **gpu_check.tiny_sizes(overrides, 2))
     ours = FAMILY_MODELS[config.family].lm(config).eval()
     peer = gpu_check.build_peer(ours, "cpu").eval()
     assert type(peer).__name__ == FLA_PEERS[name]
