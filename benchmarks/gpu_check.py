@@ -540,6 +540,8 @@ def tiny_sizes(overrides: dict, layers: int) -> dict:
     """``overrides`` at :data:`TINY`'s sizes, ``layers`` deep."""
     gqa = {"num_heads": 4, "num_kv_heads": 2} if "num_kv_heads" in overrides else {}
     return overrides | TINY | gqa | {"num_hidden_layers": layers}
+
+
 # fla's causal-LM class of each fla model type the presets map to.
 FLA_MODELS = {"gla": "GLAForCausalLM", "delta_net": "DeltaNetForCausalLM",
               "gated_deltanet": "GatedDeltaNetForCausalLM",

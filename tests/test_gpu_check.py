@@ -206,6 +206,21 @@ def test_exit_status_says_fail_and_unrun_rows(gpu_check, capsys):
     assert "--budget" in capsys.readouterr().out
 
 
+def test_the_cpu_models_keep_their_rows_options_with_few_heads(gpu_check):
+    """The CPU sizes shrink the heads (the interpreter's time grows with them) but keep what a row names: GQA stays
+    grouped query attention, and every other option is the preset's."""
+    from rotarium.configs.presets import preset_config
+
+    for family, (preset, overrides) in gpu_check.FAMILY_ROWS.items():
+        config = preset_config(preset, **gpu_check.tiny_sizes(overrides, 1))
+        assert config.num_hidden_layers == 1 and config.hidden_size == gpu_check.TINY["hidden_size"], family
+        if "num_kv_heads" in overrides:
+            assert 1 < config.num_kv_heads < config.num_heads, (family, config.num_heads, config.num_kv_heads)
+        else:
+            assert config.num_heads == gpu_check.TINY["num_heads"], family
+        assert all(getattr(config, key) == value for key, value in overrides.items() if key != "num_kv_heads"), family
+
+
 @pytest.mark.parametrize("name", list(FLA_PEERS))
 def test_fla_peer_computes_what_the_preset_computes(gpu_check, name):
     """The peer built from a preset's fields is the same function once rotarium's model holds its weights (fla's run
