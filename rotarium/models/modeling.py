@@ -199,7 +199,10 @@ class RotariumModel(RotariumPreTrainedModel):
             past = RotariumCache(len(self.layers))
             layers = past.layers
         spans = self._pieces(T, layers if use_cache else None)
-        pieces = [self._run_blocks(hidden_states[:, start:end], seq if len(spans) == 1 else seq.slice(start, end),
+        # the whole input as it is, not a view of it: a compiled block specialises on whether its input is a view,
+        # and the first block would otherwise compile a graph of its own
+        pieces = [self._run_blocks(hidden_states if len(spans) == 1 else hidden_states[:, start:end],
+                                   seq if len(spans) == 1 else seq.slice(start, end),
                                    layers, use_cache, output_hidden_states, output_attentions)
                   for start, end in spans]
         # one span returns the very tensors of the graph, so that gradients reach them (transformers' retain_grad)

@@ -71,8 +71,9 @@ def test_compiled_blocks_train_as_eager_without_compiling_again(family, option):
         for (name, p), q in zip(eager.named_parameters(), compiled.parameters()):
             assert_close_at_scale(q.grad, p.grad, 1e-4, what=name)
         frames.append(counter.frame_count)
-    assert frames[0] > 0
-    assert frames[1:] == [frames[0]] * 2, f"compiled again for another length: {frames}"
+    # one graph serves every block (the first block's input is no view of the embeddings, which would make a second),
+    # and no other length compiles again
+    assert frames == [1] * len(BATCHES), f"graphs compiled after each batch: {frames}"
     assert not torch._dynamo.utils.counters["graph_break"]
 
 
