@@ -70,13 +70,12 @@ def check_compile_supported() -> None:
 def compile_blocks(model: torch.nn.Module, backend: str | Callable = "inductor") -> int:
     """Compiles each block of ``model`` in place, as torchtitan compiles each transformer block, and returns how many.
 
-    The blocks share their compiled code (it takes each block's weights as inputs; the first block, whose input is a
-    view of the embeddings, has its own), with dynamic shapes: batches of another length or another number of packed
-    documents run the same compiled code. The compiler fuses the norms, projections' epilogues, gates, rotations and
-    convolutions around the token mixers' kernels, which enter the graph as single operators
-    (:mod:`rotarium.ops.opaque`). The weights' names do not change (``Module.compile`` compiles in place), so
-    checkpoints load into compiled and plain models alike. ``backend``: torch.compile's (the tests trace with lighter
-    ones). Raises ``ValueError`` for a RoPE scaling whose frequencies follow the length."""
+    The blocks share one compiled graph (it takes each block's weights as inputs), with dynamic shapes: batches of
+    another length or another number of packed documents run the same compiled code. The compiler fuses the norms,
+    projections' epilogues, gates, rotations and convolutions around the token mixers' kernels, which enter the graph
+    as single operators (:mod:`rotarium.ops.opaque`). The weights' names do not change (``Module.compile`` compiles
+    in place), so checkpoints load into compiled and plain models alike. ``backend``: torch.compile's (the tests
+    trace with lighter ones). Raises ``ValueError`` for a RoPE scaling whose frequencies follow the length."""
     from rotarium.layers import Block
     from rotarium.layers.positional import LENGTH_DEPENDENT_SCALINGS, rope_type_of
 
