@@ -55,6 +55,17 @@ def _per_head(cos: torch.Tensor, sin: torch.Tensor, xs: Sequence[torch.Tensor | 
     return layouts
 
 
+def _rotated_half(angles: torch.Tensor, heads_major: bool, scale: float, xs: tuple[torch.Tensor, ...]
+                  ) -> tuple[torch.Tensor, torch.Tensor, tuple[torch.Tensor, ...]]:
+    """``(cos, sin, rotated xs)``: the arithmetic of :func:`rotate_half_pairs`."""
+    compute = torch.promote_types(xs[0].dtype, torch.float32)  # bf16 would lose the angle's precision
+    cos, sin = angles.cos().to(compute), angles.sin().to(compute)
+    if scale != 1.0:  # the map stays linear in x, and d out / d angle = (-out2, out1) still holds
+        cos, sin = cos.mul_(scale), sin.mul_(scale)
+    layouts = _per_head(cos, sin, xs, heads_major)
+    return cos, sin, tuple(_rotate(x, *layouts[x.shape[2]], heads_major=heads_major) for x in xs)
+
+
 class _RotateHalf(torch.autograd.Function):
     """Forward and backward by hand, for tensors sharing one set of angles (q and k): cos and sin are computed once,
     the backward of a rotation is the rotation by minus the angle, and the angle's gradient comes from the outputs,
@@ -64,12 +75,7 @@ class _RotateHalf(torch.autograd.Function):
     @staticmethod
     def forward(ctx, angles: torch.Tensor, heads_major: bool, scale: float, *xs: torch.Tensor
                 ) -> tuple[torch.Tensor, ...]:
-        compute = torch.promote_types(xs[0].dtype, torch.float32)  # bf16 would lose the angle's precision
-        cos, sin = angles.cos().to(compute), angles.sin().to(compute)
-        if scale != 1.0:  # the map stays linear in x, and d out / d angle = (-out2, out1) still holds
-            cos, sin = cos.mul_(scale), sin.mul_(scale)
-        layouts = _per_head(cos, sin, xs, heads_major)
-        outs = tuple(_rotate(x, *layouts[x.shape[2]], heads_major=heads_major) for x in xs)
+        cos, sin, outs = _rotated_half(angles, heads_major, scale, xs)
         ctx.angles_shape = angles.shape
         ctx.save_for_backward(cos, sin, *(outs if ctx.needs_input_grad[0] else ()))
         return outs
@@ -109,6 +115,10 @@ def rotate_half_pairs(angles: torch.Tensor, *xs: torch.Tensor, heads_major: bool
     matrix (blockwise attention, SDPA) a copy. ``scale`` multiplies the rotated features (cos and sin, as
     transformers applies a RoPE scaling's attention factor), never the features past ``R``.
     """
+    if not torch.is_grad_enabled() or not any(t.requires_grad for t in (angles, *xs)):
+        # Nothing to differentiate (evaluation, decoding): the arithmetic alone. torch.compile cannot trace this
+        # Function's variadic forward without gradients, and would run a compiled block's code piece by piece.
+        return _rotated_half(angles, heads_major, float(scale), xs)[2]
     return _RotateHalf.apply(angles, heads_major, float(scale), *xs)
 
 

@@ -74,7 +74,31 @@ def test_compiled_blocks_train_as_eager_without_compiling_again(family, option):
     # one graph serves every block (the first block's input is no view of the embeddings, which would make a second),
     # and no other length compiles again
     assert frames == [1] * len(BATCHES), f"graphs compiled after each batch: {frames}"
-    assert not torch._dynamo.utils.counters["graph_break"]
+    assert_every_frame_traced_whole()
+
+
+@pytest.mark.parametrize(("family", "option"), one_option_each(
+    {"gla": "selective_rope", "fox": "rope", "deltanet": "rove", "transformer": "nope"}))
+def test_validation_without_gradients_runs_each_block_as_one_graph(family, option):
+    """Validation, generation and decoding run the compiled blocks without gradients, which dynamo traces apart."""
+    model = tiny_model(family, option, num_hidden_layers=2).eval()
+    counter = CompileCounter()
+    build.compile_blocks(model, backend=counter)
+    graphs = []
+    with torch.no_grad():
+        for batch in (packed_batch(BATCHES[0]), packed_batch(BATCHES[1]), {"input_ids": torch.ones(2, 9).long()}):
+            model(**batch)
+            graphs.append(counter.frame_count)
+    assert graphs == [1, 1, 2], graphs  # one graph for packed documents, of any length, and one for plain batches
+    assert_every_frame_traced_whole()
+
+
+def assert_every_frame_traced_whole() -> None:
+    """No graph break, and no frame that dynamo gave up on: a frame it cannot trace is not counted as a graph break,
+    but the block then runs eagerly, with each function it calls compiled on its own."""
+    counters = torch._dynamo.utils.counters
+    assert not counters["graph_break"], dict(counters["graph_break"])
+    assert counters["frames"]["total"] == counters["frames"]["ok"], dict(counters["unimplemented"])
 
 
 @pytest.mark.slow  # inductor generates and compiles C++ for the block's forward and backward (tens of seconds)
