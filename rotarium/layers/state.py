@@ -168,9 +168,11 @@ class KVCache:
         length = self.length + k.shape[1]
         records_grad = torch.is_grad_enabled() and any(
             t is not None and t.requires_grad for t in (*new, *old.tensors()))
-        # (an inference-mode tensor cannot be written outside inference mode)
+        # (an inference-mode tensor cannot be written outside inference mode; torch.compile cannot trace either
+        # probe, so a compiled block copies the cache, which costs what the attention over it costs)
         in_place = (old.filled == self.length and length <= old.capacity and not records_grad
                     and all(t is None or t.is_contiguous() for t in old.tensors())
+                    and not torch.compiler.is_compiling()
                     and (torch.is_inference_mode_enabled() or not old.keys.is_inference()))
         if in_place:
             buffers = old

@@ -24,8 +24,10 @@ VALUE_CHECKS = _VALUE_CHECKS_ENV != "0"
 
 
 def checks_values(x: torch.Tensor) -> bool:
-    """Whether the value checks read ``x``: by default only where that costs no synchronisation (CPU tensors)."""
-    if not VALUE_CHECKS:
+    """Whether the value checks read ``x``: by default only where that costs no synchronisation (CPU tensors), and
+    never while torch.compile traces, where a read would split the graph (the kernels that enter a graph as one
+    operator, :mod:`rotarium.ops.opaque`, still check when they run)."""
+    if not VALUE_CHECKS or torch.compiler.is_compiling():
         return False
     if _VALUE_CHECKS_ENV == "1":
         return x.device.type != "meta"

@@ -93,6 +93,23 @@ def test_validation_without_gradients_runs_each_block_as_one_graph(family, optio
     assert_every_frame_traced_whole()
 
 
+@pytest.mark.parametrize(("family", "option"), one_option_each(
+    {"gla": "rope", "fox": "selective_rope", "deltanet": "nope", "transformer": "rove"}))
+def test_decoding_through_compiled_blocks_breaks_no_graph(family, option):
+    """The training CLI samples from its compiled model: a prefill, then tokens one at a time from the cache (the
+    recurrent families decode with kernels that enter the graph as traced code, whose value checks must not read)."""
+    eager = tiny_model(family, option, num_hidden_layers=2).eval()
+    compiled = copy.deepcopy(eager)
+    build.compile_blocks(compiled, backend="eager")
+    ids = torch.randint(1, VOCAB, (1, 8), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        expected, got = (model.generate(ids, max_new_tokens=3, do_sample=False, pad_token_id=0, output_logits=True,
+                                        return_dict_in_generate=True) for model in (eager, compiled))
+    assert torch.equal(got.sequences, expected.sequences)
+    assert_close_at_scale(torch.stack(got.logits), torch.stack(expected.logits), 1e-5, what="logits")
+    assert_every_frame_traced_whole()
+
+
 def assert_every_frame_traced_whole() -> None:
     """No graph break, and no frame that dynamo gave up on: a frame it cannot trace is not counted as a graph break,
     but the block then runs eagerly, with each function it calls compiled on its own."""
