@@ -670,6 +670,8 @@ def check_training(name: str, preset: str, overrides: dict, ctx: Context, args: 
         config = preset_config(preset, **overrides)
         model = build_model(config, ctx.device)
         model.load_state_dict(state.pop("initial"))
+        torch._dynamo.reset()  # this model's graphs alone, counted from zero
+        torch._dynamo.utils.counters.clear()
         compile_blocks(model, backend="inductor" if ctx.device == "cuda" else "aot_eager")
         with ops_backend("auto"):
             first, times, calls = train_steps(model, state["batch"], steps, ctx)
@@ -678,7 +680,11 @@ def check_training(name: str, preset: str, overrides: dict, ctx: Context, args: 
         err = abs(first - state["loss"]) / abs(state["loss"])
         if err >= PEER_LOSS_TOL:
             problems.append(f"first loss {first:.4f} against eager's {state['loss']:.4f}")
-        note = f"{speed(times, B * T, state['flops'], peak)}, first loss rel diff to eager {err:.1e}"
+        traced = traced_whole()
+        if traced:
+            problems.append(traced)
+        note = (f"{speed(times, B * T, state['flops'], peak)}, first loss rel diff to eager {err:.1e}, "
+                f"{torch._dynamo.utils.counters['stats']['unique_graphs']} graph(s)")
         if times and state["times"]:
             note += f", compiled/eager time {statistics.median(times) / statistics.median(state['times']):.2f}x"
         return row_status(math.isfinite(first), problems, known, note)
@@ -713,6 +719,17 @@ def check_training(name: str, preset: str, overrides: dict, ctx: Context, args: 
     report.run(f"train {name} rotarium, compiled blocks", compiled_row)
     report.run(f"train {name} fla's own model, same weights and batch", peer_row)
     state.clear()
+
+
+def traced_whole() -> str:
+    """What dynamo could not trace since its last reset, or "": graph breaks, and frames it gave up on (a block that
+    then runs eagerly with its pieces compiled one by one, which its graph-break count does not show)."""
+    counters = torch._dynamo.utils.counters
+    breaks, given_up = sum(counters["graph_break"].values()), counters["frames"]["total"] - counters["frames"]["ok"]
+    if not breaks and not given_up:
+        return ""
+    reasons = [reason.splitlines()[0] for reason in (*counters["graph_break"], *counters["unimplemented"])]
+    return f"{breaks} graph break(s), {given_up} frame(s) given up: {'; '.join(reasons)[:300]}"
 
 
 def e2e_side(model: torch.nn.Module, data: dict, backend: str, ctx: Context) -> tuple[dict, Counter, Counter]:
