@@ -88,7 +88,7 @@ from rotarium.models import FAMILY_MODELS, NoFlaPeer, RotariumConfig
 from rotarium.models.modeling import CACHE_FIELD
 from rotarium.ops.backend import ENV_VAR, count_dispatches
 from rotarium.ops.delta_rule.chunk import fla_gated_backward_refused
-from rotarium.training.build import compile_blocks
+from rotarium.training.build import compile_blocks, compile_failures
 from rotarium.training.flops import flops_per_token, peak_flops
 
 BF16, FP16, FP32 = torch.bfloat16, torch.float16, torch.float32
@@ -680,9 +680,9 @@ def check_training(name: str, preset: str, overrides: dict, ctx: Context, args: 
         err = abs(first - state["loss"]) / abs(state["loss"])
         if err >= PEER_LOSS_TOL:
             problems.append(f"first loss {first:.4f} against eager's {state['loss']:.4f}")
-        traced = traced_whole()
-        if traced:
-            problems.append(traced)
+        failures = compile_failures()
+        if failures:
+            problems.append(failures)
         note = (f"{speed(times, B * T, state['flops'], peak)}, first loss rel diff to eager {err:.1e}, "
                 f"{torch._dynamo.utils.counters['stats']['unique_graphs']} graph(s)")
         if times and state["times"]:
@@ -719,17 +719,6 @@ def check_training(name: str, preset: str, overrides: dict, ctx: Context, args: 
     report.run(f"train {name} rotarium, compiled blocks", compiled_row)
     report.run(f"train {name} fla's own model, same weights and batch", peer_row)
     state.clear()
-
-
-def traced_whole() -> str:
-    """What dynamo could not trace since its last reset, or "": graph breaks, and frames it gave up on (a block that
-    then runs eagerly with its pieces compiled one by one, which its graph-break count does not show)."""
-    counters = torch._dynamo.utils.counters
-    breaks, given_up = sum(counters["graph_break"].values()), counters["frames"]["total"] - counters["frames"]["ok"]
-    if not breaks and not given_up:
-        return ""
-    reasons = [reason.splitlines()[0] for reason in (*counters["graph_break"], *counters["unimplemented"])]
-    return f"{breaks} graph break(s), {given_up} frame(s) given up: {'; '.join(reasons)[:300]}"
 
 
 def e2e_side(model: torch.nn.Module, data: dict, backend: str, ctx: Context) -> tuple[dict, Counter, Counter]:

@@ -91,6 +91,18 @@ def compile_blocks(model: torch.nn.Module, backend: str | Callable = "inductor")
     return len(blocks)
 
 
+def compile_failures() -> str:
+    """What dynamo could not trace since its counters were last cleared, or "": graph breaks, and frames it gave up
+    on (a block that then runs eagerly with its pieces compiled one by one, which its graph-break count does not
+    show)."""
+    counters = torch._dynamo.utils.counters
+    breaks, given_up = sum(counters["graph_break"].values()), counters["frames"]["total"] - counters["frames"]["ok"]
+    if not breaks and not given_up:
+        return ""
+    reasons = [reason.splitlines()[0] for reason in (*counters["graph_break"], *counters["unimplemented"])]
+    return f"{breaks} graph break(s), {given_up} frame(s) given up: {'; '.join(reasons)[:300]}"
+
+
 def _model(config: Config, tokenizer: PreTrainedTokenizerBase) -> torch.nn.Module:
     import rotarium  # noqa: F401  (registers the Auto classes)
     from rotarium.configs.presets import preset_config
