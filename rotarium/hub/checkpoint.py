@@ -11,6 +11,11 @@ A checkpoint is a folder written by ``save_pretrained`` of a rotarium model: ``c
   ``total_tokens`` / ``tokens_seen`` / ``max_tokens`` the number of training tokens; every scalar entry is listed
   in the card) and ``metrics.jsonl`` (one JSON object a line; the last line's ``tokens`` / ``tokens_seen``,
   ``step`` and ``loss`` are reported);
+- the step the weights were saved at, for a checkpoint taken during a run: ``trainer_state.json`` in the checkpoint
+  folder (``step`` and ``tokens`` as ``rotarium train`` writes them, ``global_step`` and ``num_input_tokens_seen``
+  as transformers' Trainer does), else the folder's name (``step-<N>``, ``checkpoint-<N>``). The run's
+  ``metrics.jsonl`` goes on after the checkpoint, and its ``training_args.json`` totals are the run's plan, so the
+  card then reports the records up to that step and the tokens the checkpoint saw, never the run's later ones;
 - evaluation results, in ``eval/`` in the checkpoint folder or else its parent: every ``*.json`` there is a
   table (a list of flat objects, e.g. ``[{"context_length": 2048, "perplexity": 17.3}]``; an object with a
   ``rows`` list; an object of equal-length columns; or one flat object), titled by its file name (for example
@@ -48,6 +53,11 @@ METRICS = "metrics.jsonl"
 EVAL_DIR = "eval"
 DATASET_KEYS = ("dataset", "dataset_name")
 TOKEN_KEYS = ("tokens", "total_tokens", "tokens_seen", "max_tokens", "train_tokens")
+TRAINER_STATE = "trainer_state.json"
+STEP_KEYS = ("step", "global_step")  # rotarium train's trainer_state.json, transformers' Trainer's
+STATE_TOKEN_KEYS = ("tokens", "num_input_tokens_seen")
+PLANNED_STEP_KEYS = ("train.max_steps", "max_steps")  # the run's last step, in training_args.json
+CHECKPOINT_NAME = re.compile(r"(?:step|checkpoint)-(\d+)")
 
 
 @dataclass
@@ -63,6 +73,8 @@ class Checkpoint:
     last_validation: dict[str, Any] | None = None  # the last record with a validation loss
     eval_tables: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
     eval_plots: list[Path] = field(default_factory=list)
+    step: int | None = None  # the step of a checkpoint taken during a run; None for a final model
+    state_tokens: int | None = None  # the tokens its trainer state says it was trained on
 
     @property
     def has_tokenizer(self) -> bool:
@@ -82,7 +94,12 @@ class Checkpoint:
 
     @property
     def training_tokens(self) -> int | None:
-        for source in (self.last_metrics or {}, self.training_args or {}):
+        if self.state_tokens is not None:
+            return self.state_tokens
+        args = self.training_args or {}
+        if self.step is not None and not any(args.get(key) == self.step for key in PLANNED_STEP_KEYS):
+            args = {}  # the totals of a run that went on past this checkpoint (max_tokens: what it planned)
+        for source in (self.last_metrics or {}, args):
             for key in TOKEN_KEYS:
                 value = source.get(key)
                 if isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0:
@@ -127,6 +144,24 @@ def _find(checkpoint: Path, name: str) -> Path | None:
     return None
 
 
+def _count(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
+
+
+def _checkpoint_step(path: Path) -> tuple[int | None, int | None]:
+    """``(step, tokens)`` of a checkpoint taken during a run (see the module docstring), ``None`` where unknown."""
+    if (path / TRAINER_STATE).is_file():
+        state = _read_json(path / TRAINER_STATE, "trainer state")
+        state = state if isinstance(state, dict) else {}
+        steps = [_count(state.get(key)) for key in STEP_KEYS]
+        tokens = [_count(state.get(key)) for key in STATE_TOKEN_KEYS]
+        step = next((s for s in steps if s is not None), None)
+        if step is not None:
+            return step, next((t for t in tokens if t), None)
+    match = CHECKPOINT_NAME.fullmatch(path.name)
+    return (int(match.group(1)) if match else None), None
+
+
 def table_rows(data: Any) -> list[dict[str, Any]] | None:
     """The rows of an evaluation table in any of the accepted layouts, or None when ``data`` is not a table."""
     if isinstance(data, dict) and isinstance(data.get("rows"), list):
@@ -163,13 +198,16 @@ def read_checkpoint(path: str | Path) -> Checkpoint:
                          f"expected one of {sorted(MODEL_TYPES)}")
     if not any((path / name).is_file() for name in WEIGHT_FILES):
         raise ValueError(f"{path} is not a rotarium checkpoint: no weights (expected one of {list(WEIGHT_FILES)})")
-    checkpoint = Checkpoint(path=path, config=config, family=MODEL_TYPES[model_type],
+    step, state_tokens = _checkpoint_step(path)
+    checkpoint = Checkpoint(path=path, config=config, family=MODEL_TYPES[model_type], step=step,
+                            state_tokens=state_tokens,
                             tokenizer_files=[path / n for n in TOKENIZER_FILES if (path / n).is_file()])
     if (args_path := _find(path, TRAINING_ARGS)) is not None:
         args = _read_json(args_path, "training metadata")
         checkpoint.training_args = args if isinstance(args, dict) else None
     if (metrics_path := _find(path, METRICS)) is not None:
-        records = [r for r in read_jsonl(metrics_path) if isinstance(r, dict)]
+        records = [r for r in read_jsonl(metrics_path) if isinstance(r, dict)
+                   and (step is None or _count(r.get("step")) is None or r["step"] <= step)]
         # the run's last records are its final validation, then (with a trailing evaluation) other events
         checkpoint.last_metrics = next((r for r in reversed(records) if "loss" in r), None)
         checkpoint.last_validation = next((r for r in reversed(records) if "val_loss" in r), None)
