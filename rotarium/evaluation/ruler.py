@@ -655,26 +655,19 @@ def _special_prefix(tokenizer: PreTrainedTokenizerBase) -> list[int]:
     return list(probe[:n]) if n > 0 and probe[n:] == bare else []
 
 
-def _too_short(task: str, length: int, prompt: int, budget: int) -> ValueError:
-    return ValueError(f"--context-lengths {length} is too short for RULER task {task}: its shortest prompt takes "
-                      f"{prompt} tokens of this tokenizer and the answer {budget}; use {prompt + budget} or more")
+def _too_short(task: str, length: int, prompt: int, budget: int, which: str = "") -> ValueError:
+    return ValueError(f"--context-lengths {length} is too short for RULER task {task}: its shortest prompt{which} "
+                      f"takes {prompt} tokens of this tokenizer and the answer {budget}; use {prompt + budget} or more")
 
 
-def make_sample(task: str, tokenizer: PreTrainedTokenizerBase, length: int, *, index: int = 0,
-                num_samples: int = 1, seed: int = SEED, words: RulerWords | None = None, depth: float | None = None,
-                size_hint: int | None = None, texts: RulerTexts | None = None) -> tuple[RulerSample, int]:
-    """Sample ``index`` of ``num_samples`` of ``task`` at context ``length`` (prompt and generation budget), and the
-    haystack size it took (a hint for the next sample's search): the largest whole haystack whose prompt fits, as
-    RULER's. ``depth``: where a single needle goes, a fraction of the haystack (default ``index / (num_samples -
-    1)``); ``texts``: the essays and QA sets the tasks that need them read. Raises ``ValueError`` naming
-    ``--context-lengths`` when the length cannot hold the task, or the flag of a file the task needs."""
+def _plan(task: str, tokenizer: PreTrainedTokenizerBase, length: int, index: int, num_samples: int, seed: int,
+          words: RulerWords, depth: float | None, texts: RulerTexts) -> tuple[Plan, Callable[[str], int], list[int]]:
+    """Sample ``index``'s content drawn from its seed (:func:`make_sample`), the tokenizer's count of a text's tokens
+    and the ids it puts before a text."""
     if not tokenizer.is_fast:
         raise ValueError("--ruler needs a fast tokenizer (one that reports character offsets); this checkpoint's "
                          "tokenizer is a slow one: save it with tokenizers' fast class")
-    spec = TASKS[task]
-    texts = texts or RulerTexts()
     texts.check(task, num_samples)
-    words = words or load_words()
     if depth is None:
         depth = index / (num_samples - 1) if num_samples > 1 else 0.5
     if not 0 <= depth <= 1:
@@ -684,8 +677,41 @@ def make_sample(task: str, tokenizer: PreTrainedTokenizerBase, length: int, *, i
         return len(tokenizer(text, add_special_tokens=False)["input_ids"])
 
     rng = random.Random(f"{seed}:{task}:{index}")
-    plan = spec.draw(rng, words, texts, index, length, depth, count)
-    special = _special_prefix(tokenizer)
+    return TASKS[task].draw(rng, words, texts, index, length, depth, count), count, _special_prefix(tokenizer)
+
+
+def check_fits(task: str, tokenizer: PreTrainedTokenizerBase, length: int, num_samples: int, *, seed: int = SEED,
+               words: RulerWords | None = None, texts: RulerTexts | None = None) -> None:
+    """Raises ``ValueError`` naming ``--context-lengths`` unless every one of the ``num_samples`` samples of ``task``
+    fits ``length``, before any model runs. The samples' fixed parts differ in tokens (variable names, keys, words),
+    so a length that holds the first sample may not hold a later one: the error names the length that holds them
+    all. The first sample is then built whole, for a task's check of its final prompt (fwe's frequencies)."""
+    texts = texts or RulerTexts()
+    words = words or load_words()
+    budget = TASKS[task].max_new_tokens
+    longest, which = 0, 0
+    for index in range(num_samples):
+        plan, count, special = _plan(task, tokenizer, length, index, num_samples, seed, words, None, texts)
+        prompt = count(plan.build(plan.min_size).text) + len(special)
+        if prompt > longest:
+            longest, which = prompt, index
+    if longest > length - budget:
+        raise _too_short(task, length, longest, budget, f" (sample {which} of {num_samples}, the longest)")
+    make_sample(task, tokenizer, length, num_samples=num_samples, seed=seed, words=words, texts=texts)
+
+
+def make_sample(task: str, tokenizer: PreTrainedTokenizerBase, length: int, *, index: int = 0,
+                num_samples: int = 1, seed: int = SEED, words: RulerWords | None = None, depth: float | None = None,
+                size_hint: int | None = None, texts: RulerTexts | None = None) -> tuple[RulerSample, int]:
+    """Sample ``index`` of ``num_samples`` of ``task`` at context ``length`` (prompt and generation budget), and the
+    haystack size it took (a hint for the next sample's search): the largest whole haystack whose prompt fits, as
+    RULER's. ``depth``: where a single needle goes, a fraction of the haystack (default ``index / (num_samples -
+    1)``); ``texts``: the essays and QA sets the tasks that need them read. Raises ``ValueError`` naming
+    ``--context-lengths`` when the length cannot hold the sample (:func:`check_fits` checks every sample of a
+    length), or the flag of a file the task needs."""
+    spec = TASKS[task]
+    plan, count, special = _plan(task, tokenizer, length, index, num_samples, seed, words or load_words(), depth,
+                                 texts or RulerTexts())
     target = length - spec.max_new_tokens - len(special)
     sizes: dict[int, int] = {}
 
@@ -858,7 +884,7 @@ def evaluate_ruler(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, t
     ``score``, RULER's mean of its metric over the greedy generations; ``answer_nll``, the mean NLL per answer
     token; ``exact_match``, the fraction of samples whose answer greedy decoding gives under teacher forcing; each
     with its 95% interval, and the prompts' realised lengths) and a record per sample. Every task and length is
-    checked (its first sample built) before the model runs."""
+    checked (:func:`check_fits`: every sample fits) before the model runs."""
     from tqdm.auto import tqdm
 
     check_settings(num_samples, batch_size)
@@ -866,7 +892,7 @@ def evaluate_ruler(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, t
     lengths = sorted(set(context_lengths))
     for task in tasks:
         for length in lengths:
-            make_sample(task, tokenizer, length, num_samples=num_samples, seed=seed, words=words, texts=texts)
+            check_fits(task, tokenizer, length, num_samples, seed=seed, words=words, texts=texts)
     was_training = model.training
     model.eval()
     rows, records = [], []

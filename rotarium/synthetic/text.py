@@ -107,13 +107,13 @@ class Scoring:
 
 
 def fitting_ruler(scoring: Scoring, tokenizer: Path, train_length: int, log: Callable[[str], None]) -> Scoring:
-    """``scoring`` with the RULER tasks and lengths whose prompts fit (RULER's prompts have a fixed part, the one-shot
-    example of variable tracking above all, that a short length cannot hold): a task is scored where it fits, and
-    ``ValueError`` names a task that fits at no length."""
+    """``scoring`` with the RULER tasks and lengths where every sample's prompt fits (RULER's prompts have a fixed
+    part, the one-shot example of variable tracking above all, that a short length cannot hold): a task is scored
+    where it fits, and ``ValueError`` names a task that fits at no length."""
     import dataclasses
 
     from rotarium.data.tokenizer import load_tokenizer
-    from rotarium.evaluation.ruler import load_words, make_sample
+    from rotarium.evaluation.ruler import check_fits, load_words
 
     if not scoring.ruler_tasks:
         return scoring
@@ -123,7 +123,7 @@ def fitting_ruler(scoring: Scoring, tokenizer: Path, train_length: int, log: Cal
         short = []
         for multiple in scoring.ruler_multiples:
             try:
-                make_sample(task, loaded, multiple * train_length, num_samples=scoring.ruler_samples, words=words)
+                check_fits(task, loaded, multiple * train_length, scoring.ruler_samples, words=words)
                 fits.append((task, multiple))
             except ValueError as error:
                 short.append((multiple * train_length, str(error)))

@@ -261,6 +261,47 @@ def test_lengths_and_names_that_cannot_work_are_refused_naming_the_flag(tokenize
         "cwe", "fwe"]
 
 
+class Untouchable(torch.nn.Module):
+    """A model stub that fails the test if it is run at all."""
+
+    def __init__(self):
+        super().__init__()
+        self.anchor = torch.nn.Parameter(torch.zeros(1))
+
+    def forward(self, *args, **kwargs):
+        raise AssertionError("the model ran before every length was checked")
+
+    def generate(self, *args, **kwargs):
+        raise AssertionError("the model ran before every length was checked")
+
+
+def test_a_length_that_holds_the_first_sample_but_not_a_later_one_is_refused_before_the_model_runs(tokenizer,
+                                                                                                   tmp_path):
+    """vt's variable names take more or fewer tokens from sample to sample, so one length can hold sample 0's prompt
+    and not sample 6's: the length is refused before any task runs, naming the length that holds every sample."""
+    need = []
+    for index in range(8):
+        try:
+            make_sample("vt", tokenizer, 64, index=index, num_samples=8, words=OWN)
+        except ValueError as error:
+            need.append(int(re.search(r"use (\d+) or more", str(error)).group(1)))
+    assert need[0] < max(need)  # the case this test is about, with this tokenizer and seed
+    with pytest.raises(ValueError, match=rf"--context-lengths {need[0]} is too short for RULER task vt: its shortest "
+                                         rf"prompt \(sample \d of 8, the longest\) takes .* use {max(need)} or more"):
+        evaluate_ruler(Untouchable(), tokenizer, ["niah_single_1", "vt"], [need[0]], num_samples=8, words=OWN,
+                       progress=False)
+    assert [s.index for s in make_samples("vt", tokenizer, max(need), 8, words=OWN)] == list(range(8))
+    # rotarium extrapolation scores a task only at the lengths where every sample fits, never failing after training
+    from rotarium.synthetic.text import Scoring, fitting_ruler
+
+    tokenizer.save_pretrained(tmp_path / "tokenizer")
+    said = []
+    scoring = fitting_ruler(Scoring(ruler_tasks=("vt",), ruler_multiples=(1, 2), ruler_samples=8),
+                            tmp_path / "tokenizer", need[0], said.append)
+    assert scoring.ruler_fits == (("vt", 2),)
+    assert said == [f"RULER vt is not scored at {need[0]} tokens: its prompt does not fit there"]
+
+
 def test_words_are_wonderwords_lists_when_installed_and_rotarium_s_only_as_the_fallback(monkeypatch):
     pytest.importorskip("wonderwords")
     words = load_words("wonderwords")
