@@ -49,6 +49,7 @@ from typing import Any
 
 import torch
 
+from rotarium.hub.checkpoint import TOKENIZER_FILES
 from rotarium.hub.paths import check_output_folder, confined
 from rotarium.layers.positional import check_rope_parameters
 from rotarium.models import CONFIGS, FAMILY_MODELS
@@ -57,10 +58,11 @@ from rotarium.utils.files import check_apart, copy_file, write_folder_atomic
 
 FLA_TYPES = ("gla", "delta_net", "gated_deltanet", "forgetting_transformer", "transformer")
 MODEL_TYPES = (*FLA_TYPES, "llama")
-# The tokenizer and generation files of a checkpoint: copied as they are.
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "tokenizer.model",
-                   "vocab.json", "merges.txt", "added_tokens.json", "generation_config.json")
-SOURCE_PATTERNS = ["*.json", "*.safetensors", "*.bin", "*.model", "*.txt"]
+# The tokenizer files (those export copies: a chat template is one too) and the generation settings, copied as they
+# are.
+COPIED_FILES = (*TOKENIZER_FILES, "generation_config.json")
+# What a Hub source's download fetches: the config, the weights and every file of COPIED_FILES.
+SOURCE_PATTERNS = ["*.json", "*.safetensors", "*.bin", "*.model", "*.txt", "*.jinja"]
 # safetensors' own limit on a header's size: a larger one is a corrupt or hostile file, not a checkpoint.
 MAX_SAFETENSORS_HEADER = 100_000_000
 SAFETENSORS_DTYPES = {"F64": "float64", "F32": "float32", "F16": "float16", "BF16": "bfloat16", "I64": "int64",
@@ -564,7 +566,7 @@ def convert_checkpoint(src: str | os.PathLike, out: str | os.PathLike, overwrite
     model.load_state_dict(fitted, strict=True)
     # The checkpoint keeps the precision its weights were published in.
     model.to(fitted["model.embed_tokens.weight"].dtype).eval()
-    tokenizer_files = [_confined_source(folder / name, folder) for name in TOKENIZER_FILES
+    tokenizer_files = [_confined_source(folder / name, folder) for name in COPIED_FILES
                        if (folder / name).is_file() or (folder / name).is_symlink()]
 
     def write(tmp: Path) -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from fnmatch import fnmatch
 from pathlib import Path
 
 import pytest
@@ -20,8 +21,10 @@ from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM, Qw
 
 import rotarium
 from rotarium.hub.convert import (
+    COPIED_FILES,
     FLA_DEFAULTS,
     FLA_TYPES,
+    SOURCE_PATTERNS,
     add_commands,
     convert_checkpoint,
     fla_config_classes,
@@ -183,6 +186,22 @@ def test_llama_converts_to_the_same_logits_with_its_tokenizer(tmp_path, tied):
     assert config["model_type"] == "rotarium_transformer" and config["rope_theta"] == 500000.0
     assert (tmp_path / "rotarium" / "tokenizer.json").is_file()
     assert (tmp_path / "rotarium" / "modeling_rotarium.py").is_file()
+
+
+def test_every_tokenizer_file_is_carried_over_and_downloaded(tmp_path):
+    """A chat model's template is a file of its own (chat_template.jinja): the converted folder keeps it, and a Hub
+    source's download fetches it."""
+    from transformers import AutoTokenizer
+
+    LlamaForCausalLM(LlamaConfig(**TINY_LLAMA)).save_pretrained(tmp_path / "llama")
+    save_tokenizer(tmp_path / "llama")
+    tokenizer = AutoTokenizer.from_pretrained(tmp_path / "llama")
+    tokenizer.chat_template = "{% for m in messages %}{{ m['content'] }}{% endfor %}"
+    tokenizer.save_pretrained(tmp_path / "llama")
+    assert (tmp_path / "llama" / "chat_template.jinja").is_file()
+    convert_checkpoint(tmp_path / "llama", tmp_path / "out")
+    assert AutoTokenizer.from_pretrained(tmp_path / "out").chat_template == tokenizer.chat_template
+    assert all(any(fnmatch(name, pattern) for pattern in SOURCE_PATTERNS) for name in COPIED_FILES)
 
 
 def test_convert_command_writes_the_folder(tmp_path, capsys):
