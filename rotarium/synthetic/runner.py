@@ -106,6 +106,15 @@ class RunSettings:
                 raise ValueError(f"--{name.replace('_', '-')} must be a positive integer, got {getattr(out, name)}")
         if not out.eval_lengths or min(out.eval_lengths) < 1:
             raise ValueError(f"--eval-lengths must be positive integers, got {out.eval_lengths}")
+        # the task's generator checks what it can hold (MQAR's pairs and queries): asked here for every length, so
+        # that a length it refuses stops the run before training, not when the trained model is evaluated
+        for flag, length, train in (("--train-length", out.train_length, True),
+                                    *(("--eval-lengths", length, False) for length in out.eval_lengths)):
+            try:
+                make_batch(out.task, 1, length, torch.Generator(), train=train, num_pairs=out.num_pairs,
+                           vocab_size=out.vocab_size)
+            except ValueError as error:
+                raise ValueError(f"{flag} {length}: {error}") from None
         check_device(out.device)
         return out
 

@@ -65,3 +65,27 @@ def test_bad_input_gets_a_clear_message(args, message, capsys):
         code = error.code
     assert code == 2
     assert message in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("args, message", [
+    (["synthetic", "mqar", *SHORT["mqar"][:-1], "32,8"], "--eval-lengths 8: MQAR needs 1 <= num_pairs <= seq_len / 4"),
+    (["synthetic", "mqar", "--train-length", "8", "--num-pairs", "4"], "--train-length 8: MQAR needs"),
+    (["synthetic", "mqar", *SHORT["mqar"][:4], "--vocab-size", "8"], "--train-length 32: MQAR needs vocab_size >= "),
+    (["synthetic", "copying", "--train-length", "1"], "--train-length 1: copying needs"),
+    (["synthetic", "sweep", "mqar", "--families", "gla", "--positions", "rope", "--seeds", "0", *SHORT["mqar"][:-1],
+      "12"], "--eval-lengths 12: MQAR needs"),
+])
+def test_a_length_the_task_cannot_generate_is_refused_before_any_training(args, message, capsys, monkeypatch,
+                                                                          tmp_path):
+    """An evaluation length too short for MQAR's pairs was found only when the trained model was evaluated."""
+    def no_training(*args, **kwargs):
+        raise AssertionError("trained before the lengths were checked")
+
+    monkeypatch.setattr("rotarium.synthetic.runner.train_model", no_training)
+    monkeypatch.setattr("rotarium.synthetic.sweep.train_and_evaluate", no_training)
+    monkeypatch.setattr("rotarium.synthetic.sweep.seconds_per_step", no_training)
+    if args[1] == "sweep":
+        args = [*args, "--output-dir", str(tmp_path)]
+    assert main([*args, *TINY]) == 2
+    assert message in capsys.readouterr().err
+    assert not list(tmp_path.iterdir())
