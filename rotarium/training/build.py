@@ -204,13 +204,14 @@ def prepare_tokenizer(config: Config, run_dir: Path, documents: list[str] | None
     found = (saved / "tokenizer_config.json").is_file()
     # Only the main process looks and writes; the others wait at the barrier whatever it finds.
     if accelerator.is_main_process and not (reuse and found):
-        name = config.tokenizer.name
+        name, flag = config.tokenizer.name, "tokenizer.name"
         if name is None and config.model.init_from is not None:
-            name = config.model.init_from
+            name, flag = config.model.init_from, "--init-from"
         if prepared is not None:
             tokenizer = prepared.load_tokenizer()
         elif name is not None:
-            tokenizer = load_tokenizer(name)
+            tokenizer = load_tokenizer(name, flag)
+            check_init_from_tokenizer(config, tokenizer)
         else:
             if documents is None:
                 documents = list(itertools.islice(iter_documents(config.data, skip=config.data.validation_documents),
@@ -219,6 +220,57 @@ def prepare_tokenizer(config: Config, run_dir: Path, documents: list[str] | None
         write_folder_atomic(saved, tokenizer.save_pretrained)
     accelerator.wait_for_everyone()
     return load_tokenizer(str(saved))
+
+
+def check_init_from_tokenizer(config: Config, tokenizer: PreTrainedTokenizerBase) -> None:
+    """Raises ``ValueError`` when ``tokenizer`` (``tokenizer.name``'s) is not the tokenizer of the ``model.init_from``
+    checkpoint (by :func:`tokenizer_fingerprint`): the checkpoint's embeddings are rows of its own tokenizer's ids,
+    which another tokenizer gives to other text, so training on them would fine-tune every row on the wrong token.
+    A checkpoint without a tokenizer that loads takes ``tokenizer.name``'s."""
+    init_from, name = config.model.init_from, config.tokenizer.name
+    if init_from is None or name is None or name == init_from:
+        return
+    try:
+        own = load_tokenizer(init_from, "--init-from")
+    except ValueError:
+        return
+    if tokenizer_fingerprint(own) != tokenizer_fingerprint(tokenizer):
+        raise ValueError(f"`tokenizer.name={name}` is not the tokenizer of `--init-from {init_from}`: the "
+                         "checkpoint's embeddings belong to its own tokenizer's ids, which this one gives to other "
+                         "text; leave tokenizer.name unset (the run takes the checkpoint's tokenizer)")
+
+
+# The model section's settings that a fresh model is built from, and that an ``init_from`` checkpoint's config holds.
+ARCHITECTURE_KEYS = ("family", "position_encoding", "hidden_size", "num_hidden_layers", "num_heads",
+                     "intermediate_size")
+
+
+def check_init_from_model(config: Config, model: torch.nn.Module) -> None:
+    """Raises ``ValueError`` when ``model.init_from`` is combined with a model setting of another value than the
+    checkpoint's (``model.preset``, or a key of :data:`ARCHITECTURE_KEYS` given other than its default): the
+    checkpoint's config is the model, so the setting would be ignored while ``training_args.json`` records it as
+    what was trained. Every differing key is named with both values."""
+    from rotarium.configs.presets import PRESETS
+    from rotarium.training.config import ModelSection
+
+    m, defaults, loaded = config.model, ModelSection(), model.config
+    if m.init_from is None:
+        return
+    differing = []
+    if m.preset is not None:
+        family, values = PRESETS[m.preset]
+        shape = {"family": family, **{key: values[key] for key in ARCHITECTURE_KEYS if key in values}}
+        if any(getattr(loaded, key, None) != value for key, value in shape.items()):
+            ours = ", ".join(f"{key} {getattr(loaded, key, None)!r}" for key in shape)
+            differing.append(f"model.preset {m.preset!r} (the checkpoint's: {ours})")
+    for key in ARCHITECTURE_KEYS:
+        value = getattr(m, key)
+        if value not in (None, getattr(defaults, key)) and getattr(loaded, key, None) != value:
+            differing.append(f"model.{key} {value!r} (the checkpoint's: {getattr(loaded, key, None)!r})")
+    if differing:
+        raise ValueError(f"--init-from {m.init_from}: its config is the model, so {'; '.join(differing)} would be "
+                         "ignored; drop these settings to fine-tune it as it is, or train a new model of that shape "
+                         "without --init-from")
 
 
 @dataclass

@@ -51,6 +51,7 @@ from rotarium.models import set_activation_checkpointing
 from rotarium.training.accelerator import make_accelerator
 from rotarium.training.build import (
     build_model,
+    check_init_from_model,
     check_prepared_source_exists,
     loader_settings,
     open_data_source,
@@ -214,6 +215,8 @@ class Trainer:
         self.tokens_per_step = t.batch_size * self.accum * acc.num_processes * config.data.seq_len
 
         model = build_model(config, self.tokenizer)
+        if self.resume_from is None:  # a resumed run's model settings were checked when it started
+            check_init_from_model(config, model)
         # counted before accelerate shards the weights; the peak only where one is known (on CUDA)
         self.flops_per_token = flops_per_token(model, config.data.seq_len)
         self.peak_flops = peak_flops(torch.cuda.get_device_name(acc.device)) if acc.device.type == "cuda" else None
