@@ -11,6 +11,7 @@ any work (:func:`rotarium.hub.paths.check_output_folder`): not a file, writable,
 """
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 from transformers import PreTrainedModel
@@ -23,6 +24,22 @@ from rotarium.models.remote_code import bundle
 from rotarium.utils.files import check_apart, copy_file, make_folder, write_folder_atomic, write_text_atomic
 
 DEFAULT_SHARD_SIZE = "5GB"  # the Hub's recommendation: shards small enough to download and resume reliably
+# A size as save_pretrained reads one (huggingface_hub's parse_size_to_int): a number and a unit, any case.
+SHARD_SIZE = re.compile(r"\s*(\d+(?:\.\d+)?)\s*[KMGT]B\s*", re.IGNORECASE)
+
+
+def check_shard_size(max_shard_size: str | int) -> None:
+    """``ValueError`` naming ``--max-shard-size`` unless it is a positive number of bytes or a positive size with a
+    unit (``"500MB"``, ``"1.5GB"``): save_pretrained would fail on another only after the weights are loaded, without
+    naming the flag, and write one file per tensor for a size of 0 or below."""
+    if isinstance(max_shard_size, int) and not isinstance(max_shard_size, bool):
+        size = float(max_shard_size)
+    else:
+        match = SHARD_SIZE.fullmatch(max_shard_size) if isinstance(max_shard_size, str) else None
+        size = float(match.group(1)) if match else 0.0
+    if size <= 0:
+        raise ValueError(f"--max-shard-size {max_shard_size!r} is not a size; pass a positive size with its unit "
+                         "(KB, MB, GB or TB), such as '500MB' or '5GB'")
 
 
 def load_weights(checkpoint: Checkpoint) -> PreTrainedModel:
@@ -61,6 +78,7 @@ def export_checkpoint(checkpoint: str | Path, out_dir: str | Path, *, repo_id: s
     snippet loads from the folder that holds it; a card holds no local path); ``license`` and ``datasets`` go into
     the card's metadata (``datasets`` defaults to the one named in the training metadata)."""
     check_card_options(license, datasets)
+    check_shard_size(max_shard_size)
     info = read_checkpoint(checkpoint)
     check_apart(out_dir, info.path, "OUT_DIR", "checkpoint")
     out = check_output_folder(out_dir, overwrite=overwrite, what="OUT_DIR")

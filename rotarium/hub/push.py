@@ -17,7 +17,7 @@ from huggingface_hub.utils import HFValidationError, validate_repo_id
 
 from rotarium.hub.card import check_card_options
 from rotarium.hub.checkpoint import read_checkpoint
-from rotarium.hub.export import DEFAULT_SHARD_SIZE, write_export
+from rotarium.hub.export import DEFAULT_SHARD_SIZE, check_shard_size, write_export
 
 
 @dataclass
@@ -62,6 +62,7 @@ def push_checkpoint(checkpoint: str | Path, repo_id: str, *, private: bool = Fal
     if revision is not None and not revision.strip():
         raise ValueError("`revision` must be a branch name, or None for main")
     check_card_options(license, datasets)
+    check_shard_size(max_shard_size)
     info = read_checkpoint(checkpoint)
     token = token or huggingface_hub.get_token()
     if token is None and not dry_run:

@@ -179,3 +179,22 @@ def test_exported_weights_get_the_permissions_of_the_other_files(run, tmp_path):
         os.umask(previous)
     modes = {p.relative_to(out).as_posix(): p.stat().st_mode & 0o777 for p in out.rglob("*") if p.is_file()}
     assert modes["model.safetensors"] == 0o644 and set(modes.values()) == {0o644}, modes
+
+
+@pytest.mark.parametrize("size", ["lots", "-5MB", "0KB", "100", "5GiB"])
+def test_a_shard_size_that_is_no_size_is_refused_before_the_work(tmp_path, monkeypatch, capsys, size):
+    """save_pretrained would fail on it only after the weights are loaded, naming no flag, or (a size of 0 or below)
+    write one file per tensor."""
+    make_checkpoint(tmp_path / "ckpt", "gla", "rope")
+
+    def no_work(*args, **kwargs):
+        raise AssertionError("the export started before --max-shard-size was checked")
+
+    monkeypatch.setattr(export_module, "load_weights", no_work)
+    for argv in (["export", str(tmp_path / "ckpt"), str(tmp_path / "out")],
+                 ["push", str(tmp_path / "ckpt"), "someone/tiny", "--dry-run"]):
+        assert main([*argv, f"--max-shard-size={size}"]) == 2
+        assert f"error: --max-shard-size {size!r} is not a size" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
+    monkeypatch.undo()
+    export_checkpoint(tmp_path / "ckpt", tmp_path / "out", max_shard_size="1.5GB")  # a decimal size is one
