@@ -12,7 +12,8 @@ Which settings may differ from the run's on resume:
 
 - freely (:data:`SAFE_ON_RESUME`): ``train.max_steps``, the logging, evaluation and checkpoint intervals, the
   guard's settings, trackers and threads, ``train.compile``, ``model.gradient_checkpointing``, ``data.num_workers``,
-  ``data.prepare`` and the ``eval`` section; none of them changes the model or the data it sees;
+  ``data.prepare``, ``data.skip_verify`` and the ``eval`` section; none of them changes the model or the data it
+  sees;
 - with ``--allow-config-change KEY``: the ``data`` and ``optim`` sections and the other ``train`` keys (a moved
   corpus file, a lower learning rate after a blow-up); a section's name (``--allow-config-change data``) allows
   each of its keys;
@@ -58,7 +59,7 @@ SAFE_ON_RESUME = ("train.max_steps", "train.eval_every", "train.eval_batches", "
                   "train.keep_checkpoints", "train.log_every", "train.max_bad_steps", "train.spike_factor",
                   "train.spike_window", "train.report_to", "train.num_threads", "train.compile",
                   "model.gradient_checkpointing",
-                  "data.num_workers", "data.prepare", "eval.")
+                  "data.num_workers", "data.prepare", "data.skip_verify", "eval.")
 FIXED_ON_RESUME = ("model.", "tokenizer.")
 
 

@@ -123,3 +123,12 @@ def test_compiling_or_not_is_free_on_resume():
 
     assert _policy("train.compile") == "safe"
     assert _policy("train.lr") == "allowable" and _policy("model.hidden_size") == "fixed"
+
+
+def test_skipping_the_shard_check_is_free_on_resume():
+    """data.skip_verify decides whether the prepared folder's hashes are checked, not what the run reads: a long
+    run resumes on a folder known good without rehashing it, with no --allow-config-change."""
+    from rotarium.training.resume import _policy
+
+    assert _policy("data.skip_verify") == "safe"
+    assert _policy("data.source") == "allowable"
