@@ -7,7 +7,7 @@ The checks run in this order, the first that applies deciding, because each late
 comparison of cells that cannot differ says nothing about regimes or gaps, and a gap the paper's regime never
 produced says nothing about that regime.
 
-1. *not measured*: no seed has every compared column.
+1. *not measured*: fewer than :data:`MIN_SEEDS` seeds have every compared column.
 2. *not testable at this scale*: every compared cell at a floor, or every one at a ceiling (:class:`Bound`).
 3. *outside the paper's regime*: what the claim relies on (:class:`Precondition`) is absent in some seed.
 4. *in distribution only* (a comparison beyond the training length, with cells at the training length): the
@@ -51,6 +51,10 @@ NEAR_UNIFORM = 0.25
 # "Degrades beyond the training length": a perplexity there above 1.5x its own at the training length, far more than
 # a longer context or the seeds move a perplexity, far less than the collapse a length-extrapolation paper repairs.
 DEGRADES = 1.5
+
+# The seeds a verdict needs: a seed counts only by more than the seeds' spread, and one seed has none to measure, so
+# one seed would decide every claim by its own noise.
+MIN_SEEDS = 2
 
 Table = Mapping[str, Mapping[int, float]]  # column -> seed -> number
 
@@ -187,6 +191,9 @@ def decide(option: str, against: Sequence[str], at: Table, scale: Scale, *, trai
     n = len(seeds)
     if not seeds:
         return Verdict(NOT_MEASURED, 0, 0, f"no seed has {_names(columns)} measured")
+    if n < MIN_SEEDS:
+        return Verdict(NOT_MEASURED, 0, n, f"{n} seed has {_names(columns)} measured, and the seeds' spread, which "
+                                           f"an effect must exceed, needs {MIN_SEEDS}")
     for kind in (FLOOR, CEILING):
         why = _at_bound(kind, bounds, at, [(c, s) for c in columns for s in seeds])
         if why:

@@ -51,8 +51,8 @@ def test_mixed_counts_the_seeds_paired_not_the_medians():
     at = {"rove": seeds(0.60, 0.62, 0.55), "rope": seeds(0.30, 0.32, 0.58)}
     assert str(decide("rove", ("rope",), at, ACCURACY)) == "mixed (2/3 seeds)"
     # within the margin is not ahead
-    assert str(decide("rove", ("rope",), {"rove": seeds(0.305), "rope": seeds(0.30)}, ACCURACY)) == (
-        "does not hold (0/1 seeds)")
+    assert str(decide("rove", ("rope",), {"rove": seeds(0.305, 0.306), "rope": seeds(0.30, 0.30)}, ACCURACY)) == (
+        "does not hold (0/2 seeds)")
 
 
 def test_the_option_must_be_ahead_of_every_other_column():
@@ -72,6 +72,20 @@ def test_not_measured_without_a_seed_that_has_every_column():
     verdict = decide("rove", ("rope",), {"rove": seeds(1.0), "rope": {1: 2.0}}, PERPLEXITY)
     assert verdict == Verdict(NOT_MEASURED, 0, 0, "no seed has rove and rope measured")
     assert str(verdict) == "not measured"
+
+
+@pytest.mark.parametrize("rove", [0.9, 0.1, 1.0])
+def test_one_seed_decides_nothing(rove):
+    """A partial sweep's first seed: far ahead, far behind or solved, one seed has no spread to exceed, and a verdict
+    from it would be its own noise's (docs/results.md: "one seed decides nothing")."""
+    at = {"rove": {2: rove}, "rope": {1: 0.5, 2: 0.3}}
+    for solved in (None, 0.99):
+        verdict = decide("rove", ("rope",), at, ACCURACY, solved=solved)
+        assert verdict == Verdict(NOT_MEASURED, 0, 1, "1 seed has rove and rope measured, and the seeds' spread, "
+                                                      "which an effect must exceed, needs 2")
+    # a second seed makes the same numbers a verdict
+    at["rove"][1] = rove
+    assert decide("rove", ("rope",), at, ACCURACY).category != NOT_MEASURED
 
 
 @pytest.mark.parametrize("transformer", [False, True])

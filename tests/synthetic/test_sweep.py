@@ -59,8 +59,11 @@ def test_claims_compare_paired_seeds_not_medians():
     rows += [row("gla", o, s, 8, 0.99) for o in ("rove", "rope") for s in range(3)]  # no gap at the training length
     assert str(check_claim(claim, aggregate(rows), "gla", 3e-3, 16, 8)) == "mixed (2/3 seeds)"
     # an option beats another only by the margin: a tie is not a win
-    tie = [row("gla", "rove", 0, 16, 0.3), row("gla", "rope", 0, 16, 0.3)]
-    assert str(check_claim(claim, aggregate(tie), "gla", 3e-3, 16, 8)) == "does not hold (0/1 seeds)"
+    tie = [row("gla", option, seed, 16, 0.3) for option in ("rove", "rope") for seed in (0, 1)]
+    assert str(check_claim(claim, aggregate(tie), "gla", 3e-3, 16, 8)) == "does not hold (0/2 seeds)"
+    # one seed decides nothing, however far ahead
+    ahead = [row("gla", "rove", 0, 16, 0.9), row("gla", "rope", 0, 16, 0.3)]
+    assert str(check_claim(claim, aggregate(ahead), "gla", 3e-3, 16, 8)) == "not measured"
     # only seeds with every option measured count
     missing = [row("gla", "rove", 0, 16, 0.9)]
     assert str(check_claim(claim, aggregate(missing), "gla", 3e-3, 16, 8)) == "not measured"
