@@ -399,7 +399,8 @@ class Trainer:
         them waited for its batches (this process's; a run bound by reading its data shows it here)."""
         elapsed = time.perf_counter() - self._window_start
         window = self._window
-        tokens_per_second = self.tokens_per_step * max(1, len(window)) / max(elapsed, 1e-9)
+        # every step of the window read its tokens, a skipped one (non-finite loss) too, and took its time
+        tokens_per_second = self.tokens_per_step * max(1, self._window_steps) / max(elapsed, 1e-9)
         record = {"step": step, "loss": sum(window) / len(window) if window else float("nan"), "lr": result.lr,
                   "grad_norm": result.grad_norm, "tokens": self.counters.tokens,
                   "tokens_per_second": tokens_per_second,

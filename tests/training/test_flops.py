@@ -76,11 +76,13 @@ def test_peak_flops_of_known_gpus_and_none_else():
     assert peak_flops("NVIDIA GeForce RTX 3090") is None
 
 
-def _log_step(monkeypatch, peak):
-    """``Trainer.log_step``'s record for a window of 2 steps of 1000 tokens that took 0.5 s, on 4 processes."""
+def _log_step(monkeypatch, peak, updated=None):
+    """``Trainer.log_step``'s record for a window of 2 steps of 1000 tokens that took 0.5 s, on 4 processes
+    (``updated``: the losses of the steps that updated the weights, all of them by default)."""
     logged, postfix = [], {}
     trainer = types.SimpleNamespace(
-        _window=[2.0, 2.0], _window_start=0.0, tokens_per_step=1000, counters=LoopCounters(tokens=2000), _data_wait=0.0,
+        _window=[2.0, 2.0] if updated is None else updated, _window_start=0.0, tokens_per_step=1000,
+        counters=LoopCounters(tokens=2000), _data_wait=0.0,
         _window_steps=2, flops_per_token=1e6, peak_flops=peak, accelerator=types.SimpleNamespace(num_processes=4),
         _bar=types.SimpleNamespace(set_postfix=lambda **kw: postfix.update(kw)), _log=logged.append)
     monkeypatch.setattr(time, "perf_counter", lambda: 0.5)
@@ -95,6 +97,13 @@ def test_the_record_has_flops_per_second_and_on_a_known_gpu_the_utilisation(monk
     assert "mfu" not in record and postfix["flops"] == "4.00G"
     record, postfix = _log_step(monkeypatch, 1e10)  # 4 processes of 1e10 FLOP/s each
     assert record["mfu"] == pytest.approx(0.1) and postfix["mfu"] == "10.0%" and "flops" not in postfix
+
+
+def test_a_skipped_step_counts_in_the_throughput(monkeypatch):
+    """A step skipped for a non-finite loss read its tokens and took its time like any other: the throughput
+    counts it (the loss averages only the steps that updated the weights)."""
+    record, _ = _log_step(monkeypatch, None, updated=[2.0])
+    assert record["tokens_per_second"] == 4000 and record["loss"] == 2.0
 
 
 @pytest.mark.slow
