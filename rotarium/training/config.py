@@ -269,6 +269,8 @@ def validate(config: Config) -> None:
                 "data.max_validation_tokens": d.max_validation_tokens,
                 "data.validation_documents": d.validation_documents, "data.shuffle_buffer": d.shuffle_buffer,
                 "eval.sample_tokens": e.sample_tokens}
+    if m.intermediate_size is not None:  # None derives it from hidden_size; the model config would read 0 so too
+        positive["model.intermediate_size"] = m.intermediate_size
     for key, value in positive.items():
         if value < 1:
             raise ValueError(f"`{key}` must be a positive integer (at least 1), got {value}")

@@ -211,6 +211,7 @@ def test_a_fresh_run_builds_its_own_tokenizer(folder, results):
     ({"data.shuffle_buffer": "0"}, "data.shuffle_buffer"),
     ({"eval.context_lengths": "[]"}, "eval.context_lengths"),
     ({"eval.context_lengths": "[64, many]"}, "eval.context_lengths"),
+    ({"model.intermediate_size": "0"}, "model.intermediate_size"),  # the model config read 0 as "the default"
 ])
 def test_values_that_cannot_train_are_refused_by_key(overrides, key):
     with pytest.raises(ValueError, match=key.replace(".", r"\.")):
