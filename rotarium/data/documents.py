@@ -40,10 +40,16 @@ def _local_files(source: str) -> tuple[str, list[str]]:
     files = sorted(p for p in path.rglob("*") if p.suffix in LOCAL_FORMATS) if path.is_dir() else [path]
     if not files:
         raise ValueError(f"`data.source={source}`: no {'/'.join(LOCAL_FORMATS)} files in that folder")
-    kinds = {LOCAL_FORMATS.get(p.suffix) for p in files}
-    if None in kinds or len(kinds) > 1:
-        raise ValueError(f"`data.source={source}`: files must all be one of {', '.join(LOCAL_FORMATS)}")
-    return kinds.pop(), [str(p) for p in files]
+    kinds: dict[str | None, Path] = {}
+    for p in files:
+        kinds.setdefault(LOCAL_FORMATS.get(p.suffix), p)
+    if None in kinds:
+        raise ValueError(f"`data.source={source}`: {kinds[None].name} is not one of {', '.join(LOCAL_FORMATS)}")
+    if len(kinds) > 1:  # each kind has its own reader, and a corpus one
+        mixed = " and ".join(f"{kind} files ({p.relative_to(path)})" for kind, p in sorted(kinds.items()))
+        raise ValueError(f"`data.source={source}` mixes {mixed}; a source's files are all of one kind: move the "
+                         "others out of the folder")
+    return next(iter(kinds)), [str(p) for p in files]
 
 
 def _not_utf8(files: list[str]) -> str | None:

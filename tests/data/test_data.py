@@ -121,8 +121,13 @@ def test_missing_and_mixed_sources(tmp_path):
         iter_documents(DataSection(source=str(tmp_path / "nothing.jsonl")))
     (tmp_path / "a.txt").write_text("x")
     (tmp_path / "b.jsonl").write_text('{"text": "y"}')
-    with pytest.raises(ValueError, match="one of"):
+    # every file is of a format read, but of two kinds: each is named with a file of it (a README.md beside a
+    # dataset's JSON Lines files, say), not the list of formats they all belong to
+    with pytest.raises(ValueError, match=r"mixes json files \(b.jsonl\) and text files \(a.txt\)"):
         iter_documents(DataSection(source=str(tmp_path)))
+    (tmp_path / "c.csv").write_text("text\nz\n")
+    with pytest.raises(ValueError, match=r"c.csv is not one of .txt, .text, .md, .jsonl, .json, .parquet"):
+        iter_documents(DataSection(source=str(tmp_path / "c.csv")))
 
 
 def test_a_file_cut_inside_a_character_names_the_byte(tmp_path):
