@@ -16,8 +16,15 @@ from huggingface_hub import HfApi
 from huggingface_hub.utils import HFValidationError, validate_repo_id
 
 from rotarium.hub.card import check_card_options
-from rotarium.hub.checkpoint import read_checkpoint
+from rotarium.hub.checkpoint import EVAL_DIR, TOKENIZER_FILES, read_checkpoint
 from rotarium.hub.export import DEFAULT_SHARD_SIZE, check_shard_size, write_export
+
+# The files of an earlier export that the new one may lack, deleted from the repository in the upload's commit (the
+# new export's own files are uploaded, not deleted): a previous model.safetensors beside a sharded export's index is
+# what transformers loads (it reads model.safetensors first), and a previous tokenizer or plot would describe another
+# model. Each pattern starts with a top-level name, so the owner's other files, in subfolders too, are kept.
+REPLACED_FILES = ["model.safetensors", "model.safetensors.index.json", "model-*-of-*.safetensors", "rotarium_*.py",
+                  f"{EVAL_DIR}/*", *TOKENIZER_FILES]
 
 
 @dataclass
@@ -87,7 +94,8 @@ def push_checkpoint(checkpoint: str | Path, repo_id: str, *, private: bool = Fal
         if revision is not None:
             api.create_branch(repo_id, branch=revision, repo_type="model", exist_ok=True)
         commit = api.upload_folder(repo_id=repo_id, folder_path=folder, repo_type="model", revision=revision,
-                                   commit_message=commit_message or f"Upload {info.family} model with rotarium")
+                                   commit_message=commit_message or f"Upload {info.family} model with rotarium",
+                                   delete_patterns=REPLACED_FILES)
         plan.url = getattr(commit, "commit_url", None) or str(commit)
     log(plan.describe() + f"\npushed: {plan.url}")
     return plan

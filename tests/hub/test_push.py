@@ -135,3 +135,38 @@ def test_dry_run_makes_no_network_call(fake_api, checkpoint, monkeypatch, capsys
     out = capsys.readouterr().out
     assert "repository: someone/fox-tiny (model, public)" in out and "token:      found" in out
     assert fake_api.instances == []
+
+
+class FakeRepo(FakeHfApi):
+    """A model repository that keeps its files across pushes, deleting on upload what huggingface_hub deletes: the
+    remote files that match ``delete_patterns`` (``filter_repo_objects``) and are not uploaded again."""
+
+    files: ClassVar[set[str]] = set()
+
+    def upload_folder(self, *, repo_id, folder_path, delete_patterns=None, **kwargs):
+        from huggingface_hub.utils import filter_repo_objects
+
+        uploaded = {p.relative_to(folder_path).as_posix() for p in Path(folder_path).rglob("*") if p.is_file()}
+        deleted = set(filter_repo_objects(FakeRepo.files, allow_patterns=delete_patterns)) if delete_patterns else set()
+        FakeRepo.files = (FakeRepo.files - deleted) | uploaded
+        return super().upload_folder(repo_id=repo_id, folder_path=folder_path, **kwargs)
+
+
+def test_a_push_replaces_the_previous_exports_files(monkeypatch, tmp_path):
+    """An earlier push's model.safetensors left beside a sharded export's index would be what transformers loads (it
+    reads model.safetensors first): the repository would serve the old weights."""
+    monkeypatch.setattr(push_module, "HfApi", FakeRepo)
+    monkeypatch.setattr(push_module.huggingface_hub, "get_token", lambda: "hf_from_login")
+    FakeRepo.files = {".gitattributes", "LICENSE", "notes/model.safetensors"}  # the owner's own files
+    make_checkpoint(tmp_path / "first", "gla", "rope", tokenizer=True)
+    push_checkpoint(tmp_path / "first", "someone/tiny", log=lambda _: None)
+    assert {"model.safetensors", "tokenizer.json"} <= FakeRepo.files
+    make_checkpoint(tmp_path / "second", "gla", "rope")
+    push_checkpoint(tmp_path / "second", "someone/tiny", max_shard_size="20KB", log=lambda _: None)
+    shards = {name for name in FakeRepo.files if name.startswith("model-")}
+    assert len(shards) > 1 and "model.safetensors.index.json" in FakeRepo.files
+    assert "model.safetensors" not in FakeRepo.files and "tokenizer.json" not in FakeRepo.files
+    assert {".gitattributes", "LICENSE", "notes/model.safetensors"} <= FakeRepo.files
+    push_checkpoint(tmp_path / "first", "someone/tiny", log=lambda _: None)  # and back to one file
+    assert not {name for name in FakeRepo.files if name.startswith("model-")}
+    assert "model.safetensors.index.json" not in FakeRepo.files
