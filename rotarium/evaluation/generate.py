@@ -73,11 +73,13 @@ def generate_text(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, pr
                          "continuation (drop --greedy, or ask for 1)")
     if seed is not None:
         torch.manual_seed(seed)
+    from rotarium.data.batches import tokenize
+
     device = next(model.parameters()).device
-    ids = tokenizer(prompt, return_tensors="pt", add_special_tokens=False)["input_ids"]
-    if ids.numel() == 0:
-        ids = torch.tensor([[tokenizer.bos_token_id if tokenizer.bos_token_id is not None
-                             else tokenizer.eos_token_id]])
+    # the prompt as training framed a document's start (the template's bos where it adds one); an empty one is the
+    # start of a document, which in a packed sequence follows the eos ending the one before
+    prompt_ids = next(tokenize(tokenizer, [prompt])) or [tokenizer.eos_token_id]
+    ids = torch.tensor([prompt_ids])
     sampling = {"temperature": temperature, "top_k": top_k, "top_p": top_p} if do_sample else {}
     out = model.generate(ids.to(device), attention_mask=torch.ones_like(ids).to(device),
                          max_new_tokens=max_new_tokens, do_sample=do_sample, repetition_penalty=repetition_penalty,

@@ -40,6 +40,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from rotarium.data.batches import added_bos
 from rotarium.evaluation.outputs import check_result_paths, result_path
 from rotarium.evaluation.tasks import EvalRun, EvalTask, Flag
 from rotarium.utils.files import make_folder, write_json_atomic, write_text_atomic
@@ -647,14 +648,6 @@ class RulerSample:
     haystack: int = 0  # the haystack's whole units (sentences, documents, words): the largest that fits
 
 
-def _special_prefix(tokenizer: PreTrainedTokenizerBase) -> list[int]:
-    """The ids the tokenizer puts before a text (a BOS token, or none), as it does for a model's input."""
-    probe = tokenizer("a", add_special_tokens=True)["input_ids"]
-    bare = tokenizer("a", add_special_tokens=False)["input_ids"]
-    n = len(probe) - len(bare)
-    return list(probe[:n]) if n > 0 and probe[n:] == bare else []
-
-
 def _too_short(task: str, length: int, prompt: int, budget: int, which: str = "") -> ValueError:
     return ValueError(f"--context-lengths {length} is too short for RULER task {task}: its shortest prompt{which} "
                       f"takes {prompt} tokens of this tokenizer and the answer {budget}; use {prompt + budget} or more")
@@ -677,7 +670,9 @@ def _plan(task: str, tokenizer: PreTrainedTokenizerBase, length: int, index: int
         return len(tokenizer(text, add_special_tokens=False)["input_ids"])
 
     rng = random.Random(f"{seed}:{task}:{index}")
-    return TASKS[task].draw(rng, words, texts, index, length, depth, count), count, _special_prefix(tokenizer)
+    # a prompt starts as training framed a document's start: after the template's bos where it adds one
+    special = [bos] if (bos := added_bos(tokenizer)) is not None else []
+    return TASKS[task].draw(rng, words, texts, index, length, depth, count), count, special
 
 
 def check_fits(task: str, tokenizer: PreTrainedTokenizerBase, length: int, num_samples: int, *, seed: int = SEED,

@@ -55,3 +55,32 @@ def test_eval_scores_the_framed_stream(tiny_checkpoint, tiny_model, tokenizer, t
     loss = torch.nn.functional.cross_entropy(logits[:, :-1].flatten(0, 1), windows[:, 1:].flatten())
     assert row["windows"] == windows.shape[0]
     assert row["loss"] == pytest.approx(float(loss), abs=1e-4)
+
+
+class Recorder(torch.nn.Module):
+    """A model stub that records the ids generation is asked to continue and returns them unchanged."""
+
+    def __init__(self):
+        super().__init__()
+        self.anchor = torch.nn.Parameter(torch.zeros(1))
+        self.prompts = []
+
+    def generate(self, input_ids, **kwargs):
+        self.prompts.append(input_ids[0].tolist())
+        return input_ids
+
+
+@pytest.mark.parametrize("bos", [False, True], ids=["no-bos", "template-bos"])
+def test_a_generation_prompt_starts_as_a_training_document_does(tokenizer, bos):
+    """`rotarium generate` (and train's closing sample) continue a prompt framed as training framed a document's
+    start: after the template's bos where it adds one; an empty prompt is the start of a document, which follows the
+    eos that ends the one before (a bos the template never adds is a token training never showed)."""
+    from rotarium.evaluation.generate import generate_text
+
+    tokenizer = with_bos(tokenizer) if bos else tokenizer
+    model = Recorder()
+    for prompt in ("Here we go.", ""):
+        generate_text(model, tokenizer, prompt, do_sample=False, max_new_tokens=1)
+    text, empty = model.prompts
+    assert text == training_stream(tokenizer, ["Here we go."])[:-1]  # the document's ids, before its closing eos
+    assert empty == ([tokenizer.bos_token_id] if bos else [tokenizer.eos_token_id])
