@@ -178,7 +178,13 @@ def evaluate_tasks(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, s
     for task, count in shots.items():
         check_settings(batch_size, count)
         groups.setdefault(count, []).append(task)
-    lm = HFLM(pretrained=model, tokenizer=tokenizer, backend="causal", batch_size=batch_size)
+    from rotarium.data.batches import added_bos
+
+    # lm-eval scores a text from nothing (a rolling log-likelihood, an empty context) after its prefix token, the
+    # tokenizer's bos by default: a document starts in training after the template's bos where it adds one, else
+    # after the eos ending the one before, and a bos it never adds is a token the model never saw
+    prefix = bos if (bos := added_bos(tokenizer)) is not None else tokenizer.eos_token_id
+    lm = HFLM(pretrained=model, tokenizer=tokenizer, backend="causal", batch_size=batch_size, prefix_token_id=prefix)
     merged: dict[str, Any] = {}
     for count, names in groups.items():
         try:

@@ -84,8 +84,8 @@ def test_eval_tasks_runs_local_tasks_offline_and_matches_the_model(tiny_checkpoi
         right_norm += max(range(len(choices)), key=lambda i: scores[i] / len((" " + choices[i]).encode())) == label
     assert metrics["tiny_mc"]["acc"] == pytest.approx(right / len(QUESTIONS))
     assert metrics["tiny_mc"]["acc_norm"] == pytest.approx(right_norm / len(QUESTIONS))
-    # rolling log-likelihood: each text after the BOS token, per word
-    total = sum(loglikelihood(tiny_model, tokenizer, tokenizer.bos_token, t) for t in TEXTS)
+    # rolling log-likelihood: each text after the eos, as training starts a document with this tokenizer, per word
+    total = sum(loglikelihood(tiny_model, tokenizer, tokenizer.eos_token, t) for t in TEXTS)
     words = sum(len(re.split(r"\s+", t)) for t in TEXTS)
     assert metrics["tiny_text"]["word_perplexity"] == pytest.approx(math.exp(-total / words), rel=1e-3)
     assert report["average"] == pytest.approx(right / len(QUESTIONS))  # the accuracy tasks only
@@ -132,6 +132,22 @@ def test_a_set_runs_each_task_with_its_shots_and_reports_its_average(tiny_checkp
     table = (out / "downstream.md").read_text()
     assert "| tiny_mc | 2 | acc (%) |" in table and "| tiny_text | 0 | word_perplexity |" in table
     assert f"| **tiny average** | | accuracy (%) | {100 * accuracy:.2f} |" in table and "| **average** |" not in table
+
+
+@pytest.mark.parametrize("bos", [False, True], ids=["no-bos", "template-bos"])
+def test_lm_eval_starts_a_text_where_training_starts_a_document(tiny_model, tokenizer, bos, monkeypatch):
+    """lm-eval puts its prefix token before a text scored from nothing (WikiText's rolling log-likelihood, an empty
+    context), by default the tokenizer's bos. Training starts a document after the template's bos where it adds one,
+    else after the eos ending the document before: a bos it never adds is a token the model never saw."""
+    import lm_eval
+
+    from tests.evaluation.test_eval_framing import with_bos
+
+    tokenizer = with_bos(tokenizer) if bos else tokenizer
+    seen = []
+    monkeypatch.setattr(lm_eval, "simple_evaluate", lambda **kw: seen.append(kw["model"].prefix_token_id) or {})
+    downstream.evaluate_tasks(tiny_model, tokenizer, {"tiny_text": 0}, None, batch_size=1)
+    assert seen == [tokenizer.bos_token_id if bos else tokenizer.eos_token_id]
 
 
 @pytest.mark.slow
