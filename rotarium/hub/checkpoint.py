@@ -162,6 +162,11 @@ def _checkpoint_step(path: Path) -> tuple[int | None, int | None]:
     return (int(match.group(1)) if match else None), None
 
 
+def _final_then_newest(folder: Path) -> tuple[bool, int, str]:
+    match = CHECKPOINT_NAME.fullmatch(folder.name)
+    return folder.name != "final", -int(match.group(1)) if match else 1, str(folder)
+
+
 def table_rows(data: Any) -> list[dict[str, Any]] | None:
     """The rows of an evaluation table in any of the accepted layouts, or None when ``data`` is not a table."""
     if isinstance(data, dict) and isinstance(data.get("rows"), list):
@@ -189,8 +194,13 @@ def read_checkpoint(path: str | Path) -> Checkpoint:
         if not entry.is_dir():
             confined(entry, path)
     if not (path / "config.json").is_file():
+        # a run folder (<run>/final/, <run>/checkpoints/step-<N>/, a Trainer's <run>/checkpoint-<N>/) holds them
+        inside = sorted({c.parent for c in (*path.glob("*/config.json"), *path.glob("*/*/config.json"))},
+                        key=_final_then_newest)
+        hint = (f"; pass one of the checkpoints in it: {', '.join(map(str, inside[:3]))}"
+                f"{f' ({len(inside) - 3} more)' if len(inside) > 3 else ''}") if inside else ""
         raise ValueError(f"{path} is not a rotarium checkpoint: it has no config.json (a save_pretrained folder "
-                         "holds config.json and model.safetensors)")
+                         f"holds config.json and model.safetensors){hint}")
     config = _read_json(path / "config.json", "config")
     model_type = config.get("model_type") if isinstance(config, dict) else None
     if model_type not in MODEL_TYPES:

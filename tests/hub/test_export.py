@@ -198,3 +198,15 @@ def test_a_shard_size_that_is_no_size_is_refused_before_the_work(tmp_path, monke
     assert not (tmp_path / "out").exists()
     monkeypatch.undo()
     export_checkpoint(tmp_path / "ckpt", tmp_path / "out", max_shard_size="1.5GB")  # a decimal size is one
+
+
+def test_a_run_folder_given_as_the_checkpoint_is_refused_naming_its_checkpoints(tmp_path, capsys):
+    make_checkpoint(tmp_path / "run" / "checkpoints" / "step-6", "gla", "rope")
+    write_run_outputs(tmp_path / "run")
+    assert main(["export", str(tmp_path / "run"), str(tmp_path / "out")]) == 2
+    message = capsys.readouterr().err
+    assert f"pass one of the checkpoints in it: {tmp_path / 'run' / 'checkpoints' / 'step-6'}" in message
+    make_checkpoint(tmp_path / "run" / "final", "gla", "rope")
+    with pytest.raises(ValueError, match=r"checkpoints in it: .*/run/final, .*/run/checkpoints/step-6"):
+        export_checkpoint(tmp_path / "run", tmp_path / "out")
+    assert not (tmp_path / "out").exists()
