@@ -24,6 +24,7 @@ import numpy as np
 from rotarium.data.batches import added_bos, save_array, tokenize
 from rotarium.data.config import DEFAULT_SEED, DataSection
 from rotarium.data.documents import iter_documents
+from rotarium.data.heldout import identity_changes, local_source, source_identity
 from rotarium.data.prepared_reader import (
     FORMAT,
     FORMAT_VERSION,
@@ -68,6 +69,8 @@ TASK_DOCUMENTS = 4096
 # The most text the tokenizer is given at once, whose memory grows with it: a longer document is tokenised in pieces
 # (rotarium.data.tokenizer.TextPieces), so a task never takes more memory than a task of short documents.
 PIECE_CHARACTERS = TASK_CHARACTERS
+# Where the progress record and metadata.json keep a local source's files, by size and SHA-256, which a rerun compares.
+SOURCE_FILES = "source_files"
 
 
 def default_num_proc() -> int:
@@ -411,6 +414,7 @@ def prepare(source: str, out: str | os.PathLike, *, tokenizer: str | None = None
         finished = read_json(out / METADATA, "metadata")
         if finished is not None:
             _refuse_other_settings(finished["settings"], settings, out)
+            _refuse_changed_source(cfg, finished, out)
             if tokenizer is not None:
                 _refuse_changed_tokenizer(_load_named(tokenizer), finished, f"--tokenizer {tokenizer}", out)
         else:
@@ -429,10 +433,25 @@ def _refuse_changed_tokenizer(tokenizer: PreTrainedTokenizerBase, record: dict[s
                          f"prepare recorded {recorded[:12]}): it changed since; choose another OUT")
 
 
+def _refuse_changed_source(cfg: DataSection, record: dict[str, Any], out: Path) -> None:
+    """A local source's files must be those the prepare in ``out`` began with (by size and SHA-256,
+    :func:`~rotarium.data.heldout.source_identity`): a finished folder would be returned holding the old text, and an
+    unfinished one would go on with the new text after the old. A folder prepared before the record is not checked
+    (nor a Hub source, whose document count an unfinished prepare compares)."""
+    recorded = record.get(SOURCE_FILES)
+    if recorded is None:
+        return
+    changes = identity_changes(recorded, source_identity(cfg))
+    if changes:
+        raise ValueError(f"SOURCE {cfg.source} changed since OUT {out} was prepared from it: {'; '.join(changes)}; "
+                         f"choose another OUT (or remove {out} to prepare the source as it is now)")
+
+
 def _prepare(cfg: DataSection, out: Path, settings: dict[str, Any], num_proc: int, progress: bool) -> None:
     record = read_json(out / PROGRESS, "progress record")
     if record is not None:
         _refuse_other_settings(record["settings"], settings, out)
+        _refuse_changed_source(cfg, record, out)
     # a named tokenizer is loaded before the source is read, which may take long, so that a wrong name fails at once
     named = _load_named(settings["tokenizer"]) if settings["tokenizer"] is not None else None
     total = None if cfg.streaming else _count(cfg, progress)
@@ -459,6 +478,7 @@ def _prepare(cfg: DataSection, out: Path, settings: dict[str, Any], num_proc: in
         dtype = token_dtype(tokenizer)
         record = {
             "format": FORMAT, "format_version": FORMAT_VERSION, "complete": False, "settings": settings,
+            SOURCE_FILES: source_identity(cfg) if local_source(cfg.source) is not None else None,
             "documents": total, "held_out": held_out.record(), "dtype": dtype.name,
             "tokenizer": {"folder": TOKENIZER, "sha256": tokenizer_fingerprint(tokenizer),
                           "vocab_size": len(tokenizer), "bos_id": added_bos(tokenizer),

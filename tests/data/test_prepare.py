@@ -288,6 +288,34 @@ def test_a_complete_folder_is_returned_and_a_different_prepare_refused(tmp_path,
         prepare(str(source), copy, tokenizer=str(changed), shard_tokens=SHARD_TOKENS, progress=False)
 
 
+def test_a_source_edited_since_its_prepare_is_refused_naming_the_file(tmp_path, monkeypatch, tokenizer_folder):
+    """A rerun into a finished folder returned it as it was after its source had been edited (the folder then held
+    the old text); a killed one went on with the edited text when the document count had not changed (the folder
+    then mixed both). Both are refused, naming the file; a source left as it was still reruns."""
+    documents = embedded_documents()[:DOCUMENTS]
+    src = tmp_path / "corpus"
+    src.mkdir()
+    (src / "a.jsonl").write_text("".join(json.dumps({"text": d}) + "\n" for d in documents[:30]), encoding="utf-8")
+    (src / "b.jsonl").write_text("".join(json.dumps({"text": d}) + "\n" for d in documents[30:]), encoding="utf-8")
+    settings = {"tokenizer": str(tokenizer_folder), "shard_tokens": SHARD_TOKENS, "num_proc": 1, "progress": False}
+    finished, killed = tmp_path / "finished", tmp_path / "killed"
+    prepare(str(src), finished, **settings)
+    with killed_after_first_shard(monkeypatch):
+        prepare(str(src), killed, **settings)
+    assert prepare(str(src), finished, **settings).fingerprint == PreparedCorpus(finished).fingerprint
+    with (src / "b.jsonl").open("a", encoding="utf-8") as f:
+        f.write(json.dumps({"text": "a document added since"}) + "\n")
+    with pytest.raises(ValueError, match=r"SOURCE .*corpus changed since OUT .*finished was prepared from it: "
+                                         r"b.jsonl has \d+ bytes, \d+ bytes were recorded; choose another OUT"):
+        prepare(str(src), finished, **settings)
+    # the same documents as when the prepare was killed, one word of one of them edited
+    (src / "b.jsonl").write_text("".join(json.dumps({"text": d}) + "\n" for d in documents[30:]).replace(
+        "the", "THE", 1), encoding="utf-8")
+    with pytest.raises(ValueError, match=r"changed since OUT .*killed was prepared from it: b.jsonl has other "
+                                         r"content of the same size"):
+        prepare(str(src), killed, **settings)
+
+
 def test_the_reader_refuses_a_damaged_folder(tmp_path, reference):
     copy = tmp_path / "copy"
     for name, data in folder_bytes(reference).items():
