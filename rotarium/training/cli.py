@@ -131,7 +131,8 @@ def run_train(args: argparse.Namespace) -> int:
             return 0
         if result.first_val_loss is not None and result.last_val_loss is not None:
             drop = 1 - result.last_val_loss / result.first_val_loss
-            print(f"validation loss {result.first_val_loss:.3f} -> {result.last_val_loss:.3f} ({drop:.0%} lower; "
+            change = f"{drop:.0%} lower" if drop >= 0 else f"{-drop:.0%} higher"
+            print(f"validation loss {result.first_val_loss:.3f} -> {result.last_val_loss:.3f} ({change}; "
                   f"perplexity {math.exp(result.last_val_loss):.1f}) after {result.steps} steps"
                   + (f", {result.skipped_steps} skipped" if result.skipped_steps else ""))
         if config.eval.run_after:

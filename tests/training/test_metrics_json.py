@@ -57,3 +57,23 @@ def test_writers_and_readers_of_metrics_jsonl(tmp_path):
     append_record(path, {"step": 3, "val_loss": float("nan")})
     plot_loss_curve(path, tmp_path / "loss.png")
     assert (tmp_path / "loss.png").stat().st_size > 0
+
+
+@pytest.mark.parametrize("first, last, expected", [
+    (5.0, 4.0, "validation loss 5.000 -> 4.000 (20% lower; perplexity 54.6) after 3 steps"),
+    (5.0, 5.5, "validation loss 5.000 -> 5.500 (10% higher; perplexity 244.7) after 3 steps"),
+])
+def test_the_closing_line_says_whether_the_validation_loss_fell_or_rose(first, last, expected, tmp_path, capsys,
+                                                                        monkeypatch):
+    """A loss that rose was printed as "-10% lower"."""
+    import types
+
+    from rotarium.cli import main
+    from rotarium.training import trainer
+
+    result = trainer.TrainResult(tmp_path / "run", tmp_path / "run" / "final", 3, first, last, 0)
+    fake = types.SimpleNamespace(train=lambda: result, close=lambda: None,
+                                 accelerator=types.SimpleNamespace(is_main_process=True))
+    monkeypatch.setattr(trainer, "Trainer", lambda *args, **kwargs: fake)
+    assert main(["train", "--output-dir", str(tmp_path / "run"), "--eval.run_after", "false"]) == 0
+    assert expected in capsys.readouterr().out
