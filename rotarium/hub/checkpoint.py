@@ -127,6 +127,16 @@ def looks_like_local_path(value: str) -> bool:
             or (os.path.splitext(value)[1] in LOCAL_FORMATS and " " not in value) or os.path.exists(value))
 
 
+def check_one_weights_layout(folder: Path) -> None:
+    """``ValueError`` when ``folder`` holds both ``model.safetensors`` and ``model.safetensors.index.json``: weights
+    saved twice, sharded and whole (``save_pretrained`` leaves the other layout's files), one of them stale, and which
+    is read differs (transformers loads ``model.safetensors`` first, whatever the index says)."""
+    if all((folder / name).is_file() for name in ("model.safetensors", "model.safetensors.index.json")):
+        raise ValueError(f"{folder} holds both model.safetensors and model.safetensors.index.json, the weights of two "
+                         "saves (one of them stale: save_pretrained leaves the other layout's files); delete the "
+                         "files of the one that is not the checkpoint's")
+
+
 def _read_json(path: Path, what: str) -> Any:
     try:
         return json.loads(path.read_text(encoding="utf-8"))
@@ -208,6 +218,7 @@ def read_checkpoint(path: str | Path) -> Checkpoint:
                          f"expected one of {sorted(MODEL_TYPES)}")
     if not any((path / name).is_file() for name in WEIGHT_FILES):
         raise ValueError(f"{path} is not a rotarium checkpoint: no weights (expected one of {list(WEIGHT_FILES)})")
+    check_one_weights_layout(path)
     step, state_tokens = _checkpoint_step(path)
     checkpoint = Checkpoint(path=path, config=config, family=MODEL_TYPES[model_type], step=step,
                             state_tokens=state_tokens,

@@ -49,7 +49,7 @@ from typing import Any
 
 import torch
 
-from rotarium.hub.checkpoint import TOKENIZER_FILES
+from rotarium.hub.checkpoint import TOKENIZER_FILES, check_one_weights_layout
 from rotarium.hub.paths import check_output_folder, confined
 from rotarium.layers.positional import check_rope_parameters
 from rotarium.models import CONFIGS, FAMILY_MODELS
@@ -173,6 +173,7 @@ def weight_files(folder: Path) -> list[Path]:
 
     Only transformers' own file names are read: some repositories also hold the same weights in another layout
     (e.g. ``consolidated.safetensors``)."""
+    check_one_weights_layout(folder)
     index = folder / "model.safetensors.index.json"
     if index.is_file() or index.is_symlink():
         return _read_index(index, folder)

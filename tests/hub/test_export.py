@@ -210,3 +210,23 @@ def test_a_run_folder_given_as_the_checkpoint_is_refused_naming_its_checkpoints(
     with pytest.raises(ValueError, match=r"checkpoints in it: .*/run/final, .*/run/checkpoints/step-6"):
         export_checkpoint(tmp_path / "run", tmp_path / "out")
     assert not (tmp_path / "out").exists()
+
+
+def test_a_folder_saved_twice_in_two_weight_layouts_is_refused(tmp_path):
+    """save_pretrained sharding into a folder that holds a model.safetensors leaves it there, and transformers loads
+    it before the new index: the export would publish the older weights. Convert would read the index instead."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from rotarium.hub.convert import convert_checkpoint
+
+    model = make_checkpoint(tmp_path / "ckpt", "gla", "rope")
+    model.save_pretrained(tmp_path / "ckpt", max_shard_size="20KB")
+    llama = LlamaForCausalLM(LlamaConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                                         num_attention_heads=4))
+    llama.save_pretrained(tmp_path / "llama")
+    llama.save_pretrained(tmp_path / "llama", max_shard_size="20KB")
+    for run in (lambda: export_checkpoint(tmp_path / "ckpt", tmp_path / "out"),
+                lambda: convert_checkpoint(tmp_path / "llama", tmp_path / "out")):
+        with pytest.raises(ValueError, match="both model.safetensors and model.safetensors.index.json"):
+            run()
+    assert not (tmp_path / "out").exists()
