@@ -52,9 +52,9 @@ NEAR_UNIFORM = 0.25
 # a longer context or the seeds move a perplexity, far less than the collapse a length-extrapolation paper repairs.
 DEGRADES = 1.5
 
-# The seeds a verdict needs: a seed counts only by more than the seeds' spread, and one seed has none to measure, so
-# one seed would decide every claim by its own noise.
-MIN_SEEDS = 2
+# The seeds a verdict needs: a seed counts only by more than the seeds' spread, which one seed does not have and two
+# barely sample; results are evidence only with three or more seeds (docs/results.md).
+MIN_SEEDS = 3
 
 Table = Mapping[str, Mapping[int, float]]  # column -> seed -> number
 
@@ -192,8 +192,8 @@ def decide(option: str, against: Sequence[str], at: Table, scale: Scale, *, trai
     if not seeds:
         return Verdict(NOT_MEASURED, 0, 0, f"no seed has {_names(columns)} measured")
     if n < MIN_SEEDS:
-        return Verdict(NOT_MEASURED, 0, n, f"{n} seed has {_names(columns)} measured, and the seeds' spread, which "
-                                           f"an effect must exceed, needs {MIN_SEEDS}")
+        return Verdict(NOT_MEASURED, 0, n, f"{n} of the {MIN_SEEDS} seeds a verdict needs (to weigh an effect against "
+                                           f"the seeds' spread) have {_names(columns)} measured")
     for kind in (FLOOR, CEILING):
         why = _at_bound(kind, bounds, at, [(c, s) for c in columns for s in seeds])
         if why:

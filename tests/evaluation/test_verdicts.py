@@ -51,14 +51,15 @@ def test_mixed_counts_the_seeds_paired_not_the_medians():
     at = {"rove": seeds(0.60, 0.62, 0.55), "rope": seeds(0.30, 0.32, 0.58)}
     assert str(decide("rove", ("rope",), at, ACCURACY)) == "mixed (2/3 seeds)"
     # within the margin is not ahead
-    assert str(decide("rove", ("rope",), {"rove": seeds(0.305, 0.306), "rope": seeds(0.30, 0.30)}, ACCURACY)) == (
-        "does not hold (0/2 seeds)")
+    assert str(decide("rove", ("rope",), {"rove": seeds(0.305, 0.306, 0.304), "rope": seeds(0.30, 0.30, 0.30)},
+                       ACCURACY)) == "does not hold (0/3 seeds)"
 
 
 def test_the_option_must_be_ahead_of_every_other_column():
-    at = {"selective_rope": seeds(0.99, 0.9), "nope": seeds(0.7, 0.95), "rope": seeds(0.6, 0.6)}  # NoPE ahead in seed 1
+    at = {"selective_rope": seeds(0.99, 0.9, 0.98), "nope": seeds(0.7, 0.95, 0.7),  # NoPE ahead in seed 1
+          "rope": seeds(0.6, 0.6, 0.6)}
     verdict = decide("selective_rope", ("nope", "rope"), at, ACCURACY)
-    assert (verdict.category, verdict.held) == (MIXED, 1)
+    assert (verdict.category, verdict.held) == (MIXED, 2)
 
 
 def test_a_threshold_claim_needs_the_option_there_and_the_others_short_of_it():
@@ -75,16 +76,18 @@ def test_not_measured_without_a_seed_that_has_every_column():
 
 
 @pytest.mark.parametrize("rove", [0.9, 0.1, 1.0])
-def test_one_seed_decides_nothing(rove):
-    """A partial sweep's first seed: far ahead, far behind or solved, one seed has no spread to exceed, and a verdict
-    from it would be its own noise's (docs/results.md: "one seed decides nothing")."""
-    at = {"rove": {2: rove}, "rope": {1: 0.5, 2: 0.3}}
-    for solved in (None, 0.99):
-        verdict = decide("rove", ("rope",), at, ACCURACY, solved=solved)
-        assert verdict == Verdict(NOT_MEASURED, 0, 1, "1 seed has rove and rope measured, and the seeds' spread, "
-                                                      "which an effect must exceed, needs 2")
-    # a second seed makes the same numbers a verdict
-    at["rove"][1] = rove
+def test_fewer_than_three_seeds_decide_nothing(rove):
+    """A partial sweep's first seeds: far ahead, far behind or solved, one seed has no spread to exceed and two barely
+    sample it, so a verdict from them would be their own noise's (docs/results.md: three seeds or more)."""
+    at = {"rove": {2: rove}, "rope": {0: 0.5, 1: 0.5, 2: 0.3}}
+    for measured in (1, 2):
+        for solved in (None, 0.99):
+            verdict = decide("rove", ("rope",), at, ACCURACY, solved=solved)
+            assert verdict == Verdict(NOT_MEASURED, 0, measured, f"{measured} of the 3 seeds a verdict needs (to weigh "
+                                      "an effect against the seeds' spread) have rove and rope measured")
+        at["rove"][1] = rove
+    # a third seed makes the same numbers a verdict
+    at["rove"][0] = rove
     assert decide("rove", ("rope",), at, ACCURACY).category != NOT_MEASURED
 
 
@@ -119,16 +122,16 @@ def test_a_gap_that_widens_beyond_training_holds_and_one_seed_widening_is_mixed(
 
 def test_a_beyond_claim_without_cells_at_the_training_length_is_decided_by_its_own_length():
     """RULER's vt fits no prompt at the training length: the gap's growth cannot be checked, the comparison can."""
-    at = {"rove": seeds(1.0, 1.0), "rope": seeds(2.0, 2.0)}
-    assert str(decide("rove", ("rope",), at, PERPLEXITY, train={})) == "holds (2/2 seeds)"
+    at = {"rove": seeds(1.0, 1.0, 1.0), "rope": seeds(2.0, 2.0, 2.0)}
+    assert str(decide("rove", ("rope",), at, PERPLEXITY, train={})) == "holds (3/3 seeds)"
     # a seed with no cell there cannot show a widening gap when the others can
     train = {"rove": seeds(1.9), "rope": seeds(2.0)}
-    assert str(decide("rove", ("rope",), at, PERPLEXITY, train=train)) == "mixed (1/2 seeds)"
+    assert str(decide("rove", ("rope",), at, PERPLEXITY, train=train)) == "mixed (1/3 seeds)"
 
 
 def test_behind_everywhere_is_does_not_hold_not_in_distribution_only():
-    train = {"rove": seeds(120.0, 121.0), "rope": seeds(100.0, 100.0)}
-    at = {"rove": seeds(125.0, 126.0), "rope": seeds(100.0, 101.0)}
+    train = {"rove": seeds(120.0, 121.0, 122.0), "rope": seeds(100.0, 100.0, 100.0)}
+    at = {"rove": seeds(125.0, 126.0, 127.0), "rope": seeds(100.0, 101.0, 100.0)}
     assert decide("rove", ("rope",), at, PERPLEXITY, train=train).category == DOES_NOT_HOLD
 
 
@@ -153,9 +156,9 @@ def test_ruler_at_zero_percent_with_nlls_of_a_uniform_guess_is_not_testable():
 def test_a_perplexity_near_the_vocabulary_size_is_a_floor():
     bound = uniform_guess(4096, perplexity=True)
     assert bound.threshold == pytest.approx(4096 ** 0.75)
-    at = {"rove": seeds(3000.0, 2900.0), "rope": seeds(4000.0, 4090.0)}
+    at = {"rove": seeds(3000.0, 2900.0, 3100.0), "rope": seeds(4000.0, 4090.0, 4050.0)}
     assert decide("rove", ("rope",), at, PERPLEXITY, bounds=(bound,)).category == NOT_TESTABLE
-    at = {"rove": seeds(300.0, 290.0), "rope": seeds(4000.0, 4090.0)}
+    at = {"rove": seeds(300.0, 290.0, 310.0), "rope": seeds(4000.0, 4090.0, 4050.0)}
     assert decide("rove", ("rope",), at, PERPLEXITY, bounds=(bound,)).category == HOLDS
 
 
@@ -172,11 +175,11 @@ def test_every_cell_at_the_ceiling_is_not_testable_but_one_seed_below_it_is_comp
 
 
 def test_a_floor_and_a_ceiling_side_by_side_are_a_difference_not_a_saturation():
-    at = {"selective_rope": seeds(1.0, 1.0), "rope": seeds(0.0, 0.0)}
-    assert str(decide("selective_rope", ("rope",), at, ACCURACY, bounds=accuracy_bounds())) == "holds (2/2 seeds)"
-    at = {"selective_rope": seeds(0.0, 0.003), "rope": seeds(0.0, 0.0)}
+    at = {"selective_rope": seeds(1.0, 1.0, 1.0), "rope": seeds(0.0, 0.0, 0.0)}
+    assert str(decide("selective_rope", ("rope",), at, ACCURACY, bounds=accuracy_bounds())) == "holds (3/3 seeds)"
+    at = {"selective_rope": seeds(0.0, 0.003, 0.0), "rope": seeds(0.0, 0.0, 0.0)}
     verdict = decide("selective_rope", ("rope",), at, ACCURACY, bounds=accuracy_bounds())
-    assert verdict.category == NOT_TESTABLE and "at a floor: 0% accuracy in 4/4" in verdict.reason
+    assert verdict.category == NOT_TESTABLE and "at a floor: 0% accuracy in 6/6" in verdict.reason
 
 
 def yarn_regime(rope_train, rope_beyond):
@@ -205,14 +208,14 @@ def test_yarn_without_rope_degrading_is_outside_the_papers_regime():
 
 
 def test_the_checks_run_in_order_floor_then_regime_then_in_distribution_then_seeds():
-    nll = {"rove": seeds(8.2, 8.1), "rope": seeds(8.3, 8.25)}
-    regime = yarn_regime((100.0, 100.0), (101.0, 101.0))  # absent too
-    train = {"rove": seeds(8.2, 8.1), "rope": seeds(8.3, 8.25)}
+    nll = {"rove": seeds(8.2, 8.1, 8.15), "rope": seeds(8.3, 8.25, 8.28)}
+    regime = yarn_regime((100.0, 100.0, 100.0), (101.0, 101.0, 101.0))  # absent too
+    train = {"rove": seeds(8.2, 8.1, 8.15), "rope": seeds(8.3, 8.25, 8.28)}
     assert decide("rove", ("rope",), nll, PERPLEXITY, train=train, bounds=(uniform_guess(4096),),
                   precondition=regime).category == NOT_TESTABLE
-    at = {"rove": seeds(80.0, 81.0), "rope": seeds(100.0, 101.0)}
+    at = {"rove": seeds(80.0, 81.0, 80.5), "rope": seeds(100.0, 101.0, 100.5)}
     assert decide("rove", ("rope",), at, PERPLEXITY, train=at, bounds=(uniform_guess(4096, perplexity=True),),
                   precondition=regime).category == OUTSIDE_REGIME
-    present = yarn_regime((100.0, 100.0), (200.0, 200.0))
+    present = yarn_regime((100.0, 100.0, 100.0), (200.0, 200.0, 200.0))
     assert decide("rove", ("rope",), at, PERPLEXITY, train=at, precondition=present).category == (
         IN_DISTRIBUTION_ONLY)

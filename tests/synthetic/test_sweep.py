@@ -59,10 +59,11 @@ def test_claims_compare_paired_seeds_not_medians():
     rows += [row("gla", o, s, 8, 0.99) for o in ("rove", "rope") for s in range(3)]  # no gap at the training length
     assert str(check_claim(claim, aggregate(rows), "gla", 3e-3, 16, 8)) == "mixed (2/3 seeds)"
     # an option beats another only by the margin: a tie is not a win
-    tie = [row("gla", option, seed, 16, 0.3) for option in ("rove", "rope") for seed in (0, 1)]
-    assert str(check_claim(claim, aggregate(tie), "gla", 3e-3, 16, 8)) == "does not hold (0/2 seeds)"
-    # one seed decides nothing, however far ahead
-    ahead = [row("gla", "rove", 0, 16, 0.9), row("gla", "rope", 0, 16, 0.3)]
+    tie = [row("gla", option, seed, 16, 0.3) for option in ("rove", "rope") for seed in range(3)]
+    assert str(check_claim(claim, aggregate(tie), "gla", 3e-3, 16, 8)) == "does not hold (0/3 seeds)"
+    # two seeds decide nothing, however far ahead
+    ahead = [row("gla", option, seed, 16, 0.9 if option == "rove" else 0.3) for option in ("rove", "rope")
+             for seed in (0, 1)]
     assert str(check_claim(claim, aggregate(ahead), "gla", 3e-3, 16, 8)) == "not measured"
     # only seeds with every option measured count
     missing = [row("gla", "rove", 0, 16, 0.9)]
@@ -71,18 +72,19 @@ def test_claims_compare_paired_seeds_not_medians():
 
 def test_the_report_prints_why_a_claim_is_not_testable_or_in_distribution_only():
     """A claim beyond training whose gap is the one at the training length, and one where every cell saturates."""
-    rows = [row("gla", o, s, 8, a) for o, a in (("nope", 0.7), ("rope", 0.8), ("selective_rope", 0.9)) for s in (0, 1)]
+    seeds = (0, 1, 2)
+    rows = [row("gla", o, s, 8, a) for o, a in (("nope", 0.7), ("rope", 0.8), ("selective_rope", 0.9)) for s in seeds]
     rows += [row("gla", o, s, 32, a) for o, a in (("nope", 0.6), ("rope", 0.7), ("selective_rope", 0.8))
-             for s in (0, 1)]
-    rows += [row("fox", o, s, length, 1.0) for o in ("nope", "rope", "selective_rope") for s in (0, 1)
+             for s in seeds]
+    rows += [row("fox", o, s, length, 1.0) for o in ("nope", "rope", "selective_rope") for s in seeds
              for length in (8, 32)]
-    text = markdown_report(rows, seeds=(0, 1))
+    text = markdown_report(rows, seeds=seeds)
     weaker_beyond = text[text.index(f"**{CLAIMS['s2'][3].text}**"):]
-    assert "| gla | in distribution only (2/2 seeds) |" in weaker_beyond
+    assert "| gla | in distribution only (3/3 seeds) |" in weaker_beyond
     assert "| fox | not testable at this scale |" in weaker_beyond
     assert "- gla, length 32: in distribution only: selective_rope ahead of nope and rope (token accuracy) by 10.0 " \
            "points" in weaker_beyond
-    assert "- fox, length 32: not testable at this scale: every compared cell at a ceiling: 100% accuracy in 6/6." \
+    assert "- fox, length 32: not testable at this scale: every compared cell at a ceiling: 100% accuracy in 9/9." \
            in weaker_beyond
     assert "How verdicts are decided" in text
 
@@ -101,7 +103,7 @@ def test_report_heads_with_command_and_budget_and_marks_partial_tables():
     assert "beyond training, 4x" in text and "in distribution" in text
     for claim in CLAIMS["s2"]:
         assert claim.text in text
-    assert "| gla | does not hold (0/2 seeds) |" in text
+    assert "| gla | not measured |" in text  # two of the three seeds
 
 
 def test_units_are_seed_major():

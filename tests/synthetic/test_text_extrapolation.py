@@ -203,11 +203,12 @@ def test_the_rove_paper_claims_compare_yarn_columns_and_ruler_answers_seed_by_se
 def test_ruler_claims_with_no_answer_generated_and_nlls_of_a_uniform_guess_are_not_testable():
     from rotarium.synthetic.text import markdown_report
 
-    rows = [paper_row(p, "", seed, length, 150.0) for p in ("rope", "rove") for seed in (0, 1) for length in (8, 16)]
-    ruler = [paper_answer(p, "", seed, length, nll, task="niah_single_1", score=0.0) for seed in (0, 1)
+    seeds = (0, 1, 2)
+    rows = [paper_row(p, "", seed, length, 150.0) for p in ("rope", "rove") for seed in seeds for length in (8, 16)]
+    ruler = [paper_answer(p, "", seed, length, nll, task="niah_single_1", score=0.0) for seed in seeds
              for length in (8, 16) for p, nll in (("rope", 8.27), ("rove", 7.13))]
-    lines = claim_lines(markdown_report(rows, None, "corpus", (0, 1), 2, ruler), "RoVE retrieves the needle")
+    lines = claim_lines(markdown_report(rows, None, "corpus", seeds, 2, ruler), "RoVE retrieves the needle")
     assert lines[0] == "| transformer | not testable at this scale | not testable at this scale |"
     assert lines[1:] == [(  # one line for the lengths of one reason
         "- transformer, context 8, 16: not testable at this scale: every compared cell at a floor: NLL within 25% of a "
-        "uniform guess's (log 4096 = 8.32 nats) in 4/4; no generated answer right (0%) in 4/4.")]
+        "uniform guess's (log 4096 = 8.32 nats) in 6/6; no generated answer right (0%) in 6/6.")]
