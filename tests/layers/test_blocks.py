@@ -32,6 +32,26 @@ def test_short_convolution_keeps_documents_and_padding_apart():
     assert torch.allclose(out[:, 3:], conv(b, SequenceInfo.build(b))[0], atol=1e-6)
 
 
+@pytest.mark.parametrize("with_history", [False, True])
+def test_short_convolution_windows_skip_padding_between_real_tokens(with_history):
+    """Padding anywhere in a row (PEFT's prompt tuning puts its virtual tokens before a left-padded prompt): each
+    real token's window holds the real tokens before it, as if the padding were not there, and so does the state."""
+    conv = ShortConvolution(3, kernel_size=4).double()
+    real = torch.randn(2, 6, 3, dtype=torch.float64, requires_grad=True)
+    history = torch.randn(2, 3, 3, dtype=torch.float64) if with_history else None
+    keep = torch.tensor([[1, 0, 0, 1, 1, 0, 1, 1, 1, 0], [0, 1, 1, 1, 0, 0, 0, 1, 1, 1]], dtype=torch.bool)
+    holes = torch.randn(2, 10, 3, dtype=torch.float64).masked_scatter(keep[..., None].expand(-1, -1, 3), real)
+    y, state = conv(holes, SequenceInfo.build(holes, attention_mask=keep.long()), history)
+    expected, expected_state = conv(real, SequenceInfo.build(real), history)
+    torch.testing.assert_close(y[keep].view(2, 6, 3), expected)
+    torch.testing.assert_close(state, expected_state)
+    upstream = torch.randn_like(expected)
+    got = torch.autograd.grad((y[keep].view(2, 6, 3) * upstream).sum(), [real, conv.weight])
+    want = torch.autograd.grad((expected * upstream).sum(), [real, conv.weight])
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w)
+
+
 def _reference_conv(conv, x, history, activation):
     """F.conv1d over the history followed by x: an independent formulation, differentiated by autograd."""
     W = conv.kernel_size

@@ -88,3 +88,25 @@ def test_hooks_on_the_layers_a_fused_path_reads_run():
     assert len(calls) == len(model.model.layers)
     for handle in handles:
         handle.remove()
+
+
+def test_prompt_tuning_on_a_left_padded_batch_generates_what_each_prompt_generates_alone():
+    """PEFT's prompt tuning puts its virtual tokens before the padding of a left-padded prompt: the short
+    convolutions must skip that padding, as the attention mask and the positions do."""
+    from peft import PromptTuningConfig, TaskType
+
+    model = get_peft_model(tiny_model("gla", "selective_rope"),
+                           PromptTuningConfig(task_type=TaskType.CAUSAL_LM, num_virtual_tokens=4))
+    with torch.no_grad():
+        for p in model.prompt_encoder.parameters():
+            p.normal_(generator=torch.Generator().manual_seed(2))
+    prompts = ids(batch=1, length=8), ids(batch=1, length=5)
+    batch = torch.cat([prompts[0], F.pad(prompts[1], (3, 0))])
+    mask = torch.ones_like(batch)
+    mask[1, :3] = 0
+    with torch.no_grad():
+        together = model.generate(input_ids=batch, attention_mask=mask, max_new_tokens=6, do_sample=False)
+        alone = [model.generate(input_ids=p, attention_mask=torch.ones_like(p), max_new_tokens=6, do_sample=False)
+                 for p in prompts]
+    for row, single in zip(together, alone):
+        assert torch.equal(row[-6:], single[0, -6:])

@@ -243,6 +243,24 @@ def test_left_padding_with_transformers_position_ids_gives_the_unpadded_logits(f
     assert_close_at_scale(one, expected[:1], 1e-5, what="left-padded row")
 
 
+@pytest.mark.parametrize("family", FAMILIES)
+def test_padding_between_real_tokens_gives_the_unpadded_logits_and_continues(family):
+    """An attention mask with holes (PEFT's prompt tuning puts its virtual tokens before a left-padded prompt): the
+    real tokens' logits, and a continuation from the cache, are those of the tokens without the holes."""
+    model = tiny_model(family, OPTION[family])
+    ids, ending = torch.randint(2, VOCAB, (2, 10)), torch.randint(2, VOCAB, (2, 3))
+    keep = torch.ones(2, 13, dtype=torch.bool)
+    keep[0, 4:7] = keep[1, 1:3] = keep[1, 12] = False
+    holes = torch.zeros(2, 13, dtype=torch.long).masked_scatter(keep, ids)
+    with torch.no_grad():
+        expected = model(torch.cat([ids, ending], 1), use_cache=False).logits
+        out = model(holes, attention_mask=keep.long(), use_cache=True)
+        continued = model(ending, attention_mask=torch.cat([keep, torch.ones(2, 3, dtype=torch.bool)], 1).long(),
+                          cache=out.cache).logits
+    assert_close_at_scale(out.logits[keep].view(2, 10, -1), expected[:, :10], 1e-5, what="logits with holes")
+    assert_close_at_scale(continued, expected[:, 10:], 1e-5, what="continued logits")
+
+
 # -- GenerationTesterMixin's checks ----------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("family,pe", COMBINATIONS)
