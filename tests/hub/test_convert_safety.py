@@ -92,9 +92,11 @@ def root(tmp_path_factory) -> Path:
     (source("truncated") / "model.safetensors").write_bytes(data[:len(data) // 2])
     (source("corrupt") / "model.safetensors").write_bytes((40).to_bytes(8, "little") + b"\x00garbage" * 8)
     (source("header-too-large") / "model.safetensors").write_bytes((2 ** 40).to_bytes(8, "little") + b"{}")
-    (source("null-weight-map") / "model.safetensors.index.json").write_text('{"weight_map": null}')
-    (source("malformed-weight-map") / "model.safetensors.index.json").write_text('{"weight_map": {"a": 5}}')
-    (source("index-not-json") / "model.safetensors.index.json").write_text("{")
+    # the index alone: beside a model.safetensors, the two layouts are refused before the index is read
+    for name, index in (("null-weight-map", '{"weight_map": null}'),
+                        ("malformed-weight-map", '{"weight_map": {"a": 5}}'), ("index-not-json", "{")):
+        (source(name) / "model.safetensors").unlink()
+        (root / "src" / name / "model.safetensors.index.json").write_text(index)
     state = load_file(good / "model.safetensors")
     (source("pickled-code") / "model.safetensors").unlink()
     torch.save({**state, "evil": CodeInPickle(root / "ran.txt")}, root / "src" / "pickled-code" / "pytorch_model.bin")
