@@ -453,7 +453,8 @@ def causal_targets(labels: torch.Tensor | None, shift_labels: torch.Tensor | Non
     if given.shape != shape:
         raise ValueError(f"`{name}` must have the inputs' shape [batch, seq_len] = {list(shape)}, got "
                          f"{list(given.shape)}")
-    targets = F.pad(labels[:, 1:], (0, 1), value=IGNORE_INDEX) if shift_labels is None else shift_labels.long()
+    # int64 whatever the labels' integer type: the full logits' cross-entropy takes no other
+    targets = (F.pad(labels[:, 1:], (0, 1), value=IGNORE_INDEX) if shift_labels is None else shift_labels).long()
     B, T = shape
     starts = None
     if boundaries is not None:

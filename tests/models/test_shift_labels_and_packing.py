@@ -38,6 +38,19 @@ def test_shift_labels_give_transformers_loss_in_the_chunked_and_the_full_logits_
     assert torch.allclose(alone, expected, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("key", ["labels", "shift_labels"])
+def test_int32_labels_score_in_the_chunked_and_the_full_logits_path(key):
+    """Labels of another integer type (a dataset stored as int32) give the loss of int64 labels on both paths: the
+    full logits' path (``return_logits``, an adapted head) as well as the chunked one."""
+    model = tiny_model("gla", "rope")
+    ids = torch.randint(0, VOCAB, (2, 9), generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        expected = model(ids, **{key: ids}).loss
+        for return_logits in (False, True):
+            assert torch.allclose(model(ids, **{key: ids.int()}, return_logits=return_logits).loss, expected,
+                                  rtol=1e-5, atol=1e-6), return_logits
+
+
 def test_chunked_loss_takes_shift_labels_like_for_causal_lm_loss():
     model = tiny_model("deltanet", "rope")
     hidden = torch.randn(2, 9, 32)
