@@ -257,6 +257,9 @@ class RotariumModel(RotariumPreTrainedModel):
                            else ("inputs_embeds", inputs_embeds, "[batch, seq_len, hidden_size]"))
         if x.ndim != layout.count(",") + 1:
             raise ValueError(f"`{name}` must have shape {layout}, got {tuple(x.shape)}")
+        if inputs_embeds is not None and x.shape[-1] != self.config.hidden_size:
+            raise ValueError(f"`inputs_embeds` must have shape {layout} with hidden_size {self.config.hidden_size}, "
+                             f"got {tuple(x.shape)}")
         if x.shape[0] == 0 or x.shape[1] == 0:
             raise ValueError(f"`{name}` is empty (shape {tuple(x.shape)}): give at least one token per sequence")
         if input_ids is None or not checks_values(input_ids):

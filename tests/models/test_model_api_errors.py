@@ -27,6 +27,14 @@ def test_an_empty_input_is_refused(family):
         model(torch.tensor([1, 2, 3]))
 
 
+@pytest.mark.parametrize("family", FAMILIES)
+def test_inputs_embeds_of_another_width_are_refused(family):
+    model = tiny_model(family, "rope")
+    with pytest.raises(ValueError, match=r"`inputs_embeds` must have shape \[batch, seq_len, hidden_size\] with "
+                                         r"hidden_size 32, got \(2, 5, 16\)"):
+        model(inputs_embeds=torch.randn(2, 5, 16))
+
+
 @pytest.mark.parametrize("source,target", [("transformer", "gla"), ("deltanet", "gla"), ("gla", "transformer"),
                                            ("fox", "deltanet"), ("transformer", "fox")])
 def test_a_cache_of_another_family_is_refused(source, target):
