@@ -40,6 +40,7 @@ from huggingface_hub.utils import HFValidationError, validate_repo_id
 from rotarium.data.documents import LOCAL_FORMATS
 from rotarium.hub.paths import confined
 from rotarium.models import CONFIGS
+from rotarium.models.loading import check_one_weights_layout
 from rotarium.utils.files import read_jsonl
 
 MODEL_TYPES = {config.model_type: family for family, config in CONFIGS.items()}
@@ -125,16 +126,6 @@ def looks_like_local_path(value: str) -> bool:
     return (value.startswith(("/", "~", "./", "../", "\\\\")) or re.match(r"[A-Za-z]:[\\/]", value) is not None
             or (value.count("/") > 1 and not any(c.isspace() for c in value))
             or (os.path.splitext(value)[1] in LOCAL_FORMATS and " " not in value) or os.path.exists(value))
-
-
-def check_one_weights_layout(folder: Path) -> None:
-    """``ValueError`` when ``folder`` holds both ``model.safetensors`` and ``model.safetensors.index.json``: weights
-    saved twice, sharded and whole (``save_pretrained`` leaves the other layout's files), one of them stale, and which
-    is read differs (transformers loads ``model.safetensors`` first, whatever the index says)."""
-    if all((folder / name).is_file() for name in ("model.safetensors", "model.safetensors.index.json")):
-        raise ValueError(f"{folder} holds both model.safetensors and model.safetensors.index.json, the weights of two "
-                         "saves (one of them stale: save_pretrained leaves the other layout's files); delete the "
-                         "files of the one that is not the checkpoint's")
 
 
 def _read_json(path: Path, what: str) -> Any:

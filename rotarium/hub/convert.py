@@ -49,11 +49,12 @@ from typing import Any
 
 import torch
 
-from rotarium.hub.checkpoint import TOKENIZER_FILES, check_one_weights_layout
+from rotarium.hub.checkpoint import TOKENIZER_FILES
 from rotarium.hub.paths import check_output_folder, confined
 from rotarium.layers.positional import check_rope_parameters
 from rotarium.models import CONFIGS, FAMILY_MODELS
 from rotarium.models.configuration import FLA_QK_NORM_EPS
+from rotarium.models.loading import check_one_weights_layout
 from rotarium.utils.files import check_apart, copy_file, write_folder_atomic
 
 FLA_TYPES = ("gla", "delta_net", "gated_deltanet", "forgetting_transformer", "transformer")

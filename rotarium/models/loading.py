@@ -4,18 +4,74 @@ transformers initialises a tensor the checkpoint lacks at random, drops one the 
 logs a report: a model loaded that way scores, generates and fine-tunes as if it were the checkpoint's. Every
 command that loads a checkpoint for use (eval, generate, train's ``--init-from``, export) refuses it instead, with
 the tensors named. Tied weights (the LM head sharing the embedding's) are not missing: transformers ties them
-before it reports.
+before it reports. A folder's weights are also checked against the sizes and hashes ``rotarium train`` recorded
+when it wrote them (``checksums.json``), so a damaged copy whose headers still read is not used or published, and
+a folder holding the weights of two saves is refused.
 """
 from __future__ import annotations
 
 import copy
+import json
 import pickle
-from collections.abc import Iterable, Mapping
+import re
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from rotarium.utils.files import file_sha256
+
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
+
+CHECKSUMS = "checksums.json"
+# a checkpoint's weights in any of transformers' layouts: whole, sharded with their index, safetensors or pickle
+WEIGHTS_FILE = re.compile(r"(model|pytorch_model)(-\d+-of-\d+)?\.(safetensors|bin)"
+                          r"|(model\.safetensors|pytorch_model\.bin)\.index\.json")
+
+
+def is_weights_file(name: str) -> bool:
+    """Whether ``name`` (relative to a checkpoint folder) is one of its weights' files."""
+    return WEIGHTS_FILE.fullmatch(name) is not None
+
+
+class CorruptCheckpoint(ValueError):
+    """A file of a checkpoint differs from what its ``checksums.json`` recorded, or cannot be read."""
+
+
+def verify_checkpoint(checkpoint: Path, only: Callable[[str], bool] | None = None) -> bool:
+    """Checks every file recorded in the checkpoint's ``checksums.json`` (those ``only`` accepts, when given):
+    present, of its size (all first, which is cheap), then of its SHA-256. Returns ``True`` when verified, ``False``
+    for a checkpoint without the record (written before checksums were recorded, or not by ``rotarium train``), and
+    raises :class:`CorruptCheckpoint` naming the first bad file. Files added later (``eval/`` of `rotarium eval`) are
+    not checked."""
+    path = checkpoint / CHECKSUMS
+    if not path.is_file():
+        return False
+    try:
+        files = json.loads(path.read_text())["files"]
+        files = {name: expected for name, expected in files.items() if only is None or only(name)}
+    except (ValueError, KeyError, TypeError, AttributeError) as error:
+        raise CorruptCheckpoint(f"{path} is unreadable ({error})") from error
+    for name, expected in files.items():
+        size = (checkpoint / name).stat().st_size if (checkpoint / name).is_file() else None
+        if size is None:
+            raise CorruptCheckpoint(f"{checkpoint.name}/{name} is missing")
+        if size != expected["bytes"]:
+            raise CorruptCheckpoint(f"{checkpoint.name}/{name} has {size} bytes, {expected['bytes']} were written")
+    for name, expected in files.items():
+        if file_sha256(checkpoint / name) != expected["sha256"]:
+            raise CorruptCheckpoint(f"{checkpoint.name}/{name} does not match the SHA-256 recorded when written")
+    return True
+
+
+def check_one_weights_layout(folder: Path) -> None:
+    """``ValueError`` when ``folder`` holds both ``model.safetensors`` and ``model.safetensors.index.json``: weights
+    saved twice, sharded and whole (``save_pretrained`` leaves the other layout's files), one of them stale, and which
+    is read differs (transformers loads ``model.safetensors`` first, whatever the index says)."""
+    if all((folder / name).is_file() for name in ("model.safetensors", "model.safetensors.index.json")):
+        raise ValueError(f"{folder} holds both model.safetensors and model.safetensors.index.json, the weights of two "
+                         "saves (one of them stale: save_pretrained leaves the other layout's files); delete the "
+                         "files of the one that is not the checkpoint's")
 
 
 def _first(keys: Iterable[Any], shown: int = 6) -> str:
@@ -55,10 +111,23 @@ def _first_line(error: BaseException) -> str:
 
 def load_pretrained(path: str, *, flag: str, model_class: Any = None, **kwargs: Any) -> PreTrainedModel:
     """``model_class.from_pretrained(path, **kwargs)`` (``AutoModelForCausalLM`` by default) when its weights are
-    whole and match its config; else ``ValueError`` starting with ``"<flag> <path>: "``, naming the unreadable file
-    or the missing, unexpected and misshapen tensors."""
+    whole, as written (``checksums.json``, where a local folder has one), in one layout and match its config; else
+    ``ValueError`` starting with ``"<flag> <path>"``, naming the unreadable or changed file, the two layouts, or the
+    missing, unexpected and misshapen tensors."""
     from safetensors import SafetensorError
 
+    folder = Path(path)
+    if folder.is_dir():
+        try:
+            check_one_weights_layout(folder)
+        except ValueError as error:
+            raise ValueError(f"{flag} {error}") from None
+        try:
+            verify_checkpoint(folder, only=is_weights_file)
+        except CorruptCheckpoint as error:
+            raise ValueError(f"{flag} {path}: {error}: the weights changed since training wrote them (a damaged disk "
+                             f"or copy); copy the checkpoint again, or delete its {CHECKSUMS} to load them as they "
+                             "are") from None
     if model_class is None:
         from transformers import AutoModelForCausalLM
 

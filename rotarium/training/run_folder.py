@@ -39,6 +39,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from rotarium.models.loading import CHECKSUMS, CorruptCheckpoint, verify_checkpoint
 from rotarium.training.lock import LOCK, RunLock
 from rotarium.training.metrics import append_record, plot_loss_curve, truncate_metrics
 from rotarium.utils.files import (
@@ -64,7 +65,6 @@ LOSS_CURVE = "loss_curve.png"
 ACCELERATE_STATE = "state"
 TRAINER_STATE = "trainer_state.json"
 COMPLETE = "COMPLETE"
-CHECKSUMS = "checksums.json"
 PREVIOUS = "previous"
 REPLACING = ".replacing"  # what an --overwrite run writes before the old run is set aside (its tokenizer)
 REWOUND = "rewound-from-step-{}"
@@ -207,34 +207,6 @@ def mark_complete(folder: Path, step: int, state: dict[str, Any]) -> None:
     record = {p.relative_to(folder).as_posix(): {"bytes": p.stat().st_size, "sha256": file_sha256(p)} for p in files}
     write_json_atomic(folder / CHECKSUMS, {"algorithm": "sha256", "files": record})
     write_text_atomic(folder / COMPLETE, f"{step}\n")
-
-
-class CorruptCheckpoint(ValueError):
-    """A file of a checkpoint differs from what its ``checksums.json`` recorded, or cannot be read."""
-
-
-def verify_checkpoint(checkpoint: Path) -> bool:
-    """Checks every file recorded in the checkpoint's ``checksums.json``: present, of its size (all first, which is
-    cheap), then of its SHA-256. Returns ``True`` when verified, ``False`` for a checkpoint without the record
-    (written before checksums were recorded), and raises :class:`CorruptCheckpoint` naming the first bad file.
-    Files added later (``eval/`` of `rotarium eval`) are not checked."""
-    path = checkpoint / CHECKSUMS
-    if not path.is_file():
-        return False
-    try:
-        files = json.loads(path.read_text())["files"]
-    except (ValueError, KeyError, TypeError) as error:
-        raise CorruptCheckpoint(f"{path} is unreadable ({error})") from error
-    for name, expected in files.items():
-        size = (checkpoint / name).stat().st_size if (checkpoint / name).is_file() else None
-        if size is None:
-            raise CorruptCheckpoint(f"{checkpoint.name}/{name} is missing")
-        if size != expected["bytes"]:
-            raise CorruptCheckpoint(f"{checkpoint.name}/{name} has {size} bytes, {expected['bytes']} were written")
-    for name, expected in files.items():
-        if file_sha256(checkpoint / name) != expected["sha256"]:
-            raise CorruptCheckpoint(f"{checkpoint.name}/{name} does not match the SHA-256 recorded when written")
-    return True
 
 
 def read_trainer_state(checkpoint: Path) -> dict[str, Any]:
