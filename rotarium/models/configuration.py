@@ -150,7 +150,9 @@ class RotariumConfig(PretrainedConfig):
         self.hidden_size = hidden_size
         self.num_hidden_layers = num_hidden_layers
         self.num_heads = self.default_num_heads if num_heads is None else num_heads
-        self.intermediate_size = intermediate_size or default_intermediate_size(hidden_size)
+        # only None means the default: 0 is refused by validate_fields like any other size that cannot work
+        self.intermediate_size = (default_intermediate_size(hidden_size) if intermediate_size is None
+                                  else intermediate_size)
         self.norm_eps = norm_eps
         self.initializer_range = initializer_range
         self.use_cache = use_cache

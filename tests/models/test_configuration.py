@@ -15,6 +15,12 @@ def test_config_classes_keep_transformers_keywords():
     assert config.some_hub_key == 3 and "some_hub_key" not in GLAConfig.field_names()
 
 
+def test_an_mlp_width_of_zero_is_refused_not_taken_for_the_default():
+    """Only None means the default MLP width; 0 built a model of the default width while the config said 0."""
+    assert GLAConfig(hidden_size=32, num_heads=2).intermediate_size > 0
+    with pytest.raises(ValueError, match="`intermediate_size` must be a positive integer, got 0"):
+        GLAConfig(hidden_size=32, num_heads=2, intermediate_size=0)
+
 
 def test_a_mistyped_preset_override_is_refused_with_the_closest_field():
     """``from_preset`` builds from the preset's values plus the overrides: a mistyped override would be kept as an
