@@ -175,12 +175,12 @@ def _training_section(checkpoint: Checkpoint, datasets: list[str]) -> str:
     if "loss" in metrics:
         step = f" at step {_cell(metrics['step'])}" if "step" in metrics else ""
         loss = metrics["loss"]  # null in metrics.jsonl when it was not finite
-        lines.append(f"Final training loss{step}: {_cell(loss) if loss is not None else 'not finite'}.")
+        lines.append(f"Training loss{step}: {_cell(loss) if loss is not None else 'not finite'}.")
     validation = checkpoint.last_validation or {}
     if validation.get("val_loss") is not None:
         step = f" at step {_cell(validation['step'])}" if "step" in validation else ""
         perplexity = validation.get("val_perplexity")
-        lines.append(f"Final validation loss{step}: {_cell(validation['val_loss'])}"
+        lines.append(f"Validation loss{step}: {_cell(validation['val_loss'])}"
                      + (f" (perplexity {_cell(perplexity)})." if perplexity is not None else "."))
     text = "\n\n".join(lines) + ("\n" if lines else "")
     args = {k: public_value(v) for k, v in (checkpoint.training_args or {}).items()

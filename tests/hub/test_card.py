@@ -14,7 +14,7 @@ def test_the_card_of_a_run_that_ended_on_a_non_finite_loss(tmp_path):
     append_record(tmp_path / "run" / "metrics.jsonl", {"step": 7, "loss": float("nan"), "tokens": 700})
     checkpoint = read_checkpoint(tmp_path / "run" / "final")
     card = model_card(checkpoint, repo="someone/tiny", num_parameters=1000)
-    assert "Final training loss at step 7: not finite." in card and "Tokens: 700" in card
+    assert "Training loss at step 7: not finite." in card and "Tokens: 700" in card
 
 
 def _run_with_later_records(run, checkpoint_name: str) -> None:
@@ -39,8 +39,8 @@ def test_the_card_of_a_checkpoint_reports_its_own_step_not_the_runs_later_ones(t
         assert checkpoint.step == 2
         card = model_card(checkpoint, repo="someone/tiny", num_parameters=1000)
         assert "Tokens: 200 (200)." in card, card
-        assert "Final training loss at step 2: 3." in card
-        assert "Final validation loss at step 2: 4 (perplexity 9)." in card
+        assert "Training loss at step 2: 3." in card
+        assert "Validation loss at step 2: 4 (perplexity 9)." in card
         assert "step 4" not in card and "Tokens: 400" not in card
 
 
@@ -49,4 +49,4 @@ def test_the_card_of_a_final_model_reports_the_whole_run(tmp_path):
     checkpoint = read_checkpoint(tmp_path / "run" / "final")
     card = model_card(checkpoint, repo="someone/tiny", num_parameters=1000)
     assert checkpoint.step is None
-    assert "Tokens: 400 (400)." in card and "Final training loss at step 4: 1." in card
+    assert "Tokens: 400 (400)." in card and "Training loss at step 4: 1." in card

@@ -54,8 +54,8 @@ def test_export_folder_and_model_card(run, tmp_path):
     assert f"| parameters | {n / 1e3:.1f}K ({n:,}) |" in card
     assert "| position_encoding | selective_rope |" in card
     assert "Tokens: 30.0K (30,000)." in card  # the last metrics line wins over max_tokens
-    assert "Final training loss at step 30: 3.7." in card  # not the validation record written after it
-    assert "Final validation loss at step 30: 4.5 (perplexity 90)." in card
+    assert "Training loss at step 30: 3.7." in card  # not the validation record written after it
+    assert "Validation loss at step 30: 4.5 (perplexity 90)." in card
     assert "| learning_rate | 0.003 |" in card and "optimizer" not in card  # nested values are left out
     assert "| context_length | perplexity |\n|---|---|\n| 64 | 31.25 |\n| 128 | 30.5 |\n| 256 | 45.125 |" in card
     assert "![perplexity](eval/perplexity.png)" in card
