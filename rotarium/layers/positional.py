@@ -235,17 +235,22 @@ class PositionalSettings:
         if self.selective_rope_spectrum not in SPECTRA:
             raise ValueError(
                 f"`selective_rope_spectrum` must be one of {SPECTRA}, got {self.selective_rope_spectrum!r}")
-        if self.selective_rope_conv_size < 1:
-            raise ValueError(f"`selective_rope_conv_size` must be >= 1, got {self.selective_rope_conv_size}")
-        # base 1 is the uniform spectrum (every pair turns at tau_max), which the paper's state-tracking runs use
-        if self.selective_rope_temperature_base <= 0:
-            raise ValueError(f"`selective_rope_temperature_base` must be > 0 (1.0: every pair at frequency tau_max), "
-                             f"got {self.selective_rope_temperature_base}")
-        if not 0 < self.selective_rope_rfa_theta < 1:
+        conv_size = self.selective_rope_conv_size
+        if not isinstance(conv_size, int) or isinstance(conv_size, bool) or conv_size < 1:
+            raise ValueError(f"`selective_rope_conv_size` must be an integer >= 1, got {conv_size!r}")
+        # Finite numbers: a NaN passes every comparison unrefused and an infinity makes the temperatures NaN or 0, and
+        # either reaches the outputs silently. Base 1 is the uniform spectrum (every pair turns at tau_max), which the
+        # paper's state-tracking runs use.
+        base = self.selective_rope_temperature_base
+        if not (_is_real(base) and base > 0):
+            raise ValueError(f"`selective_rope_temperature_base` must be a finite number > 0 (1.0: every pair at "
+                             f"frequency tau_max), got {base!r}")
+        if not (_is_real(self.selective_rope_rfa_theta) and 0 < self.selective_rope_rfa_theta < 1):
             raise ValueError(f"`selective_rope_rfa_theta` must be in (0, 1) (the \"rfa\" spectrum spans angles up to "
-                             f"rfa_theta * pi), got {self.selective_rope_rfa_theta}")
-        if self.selective_rope_tau_max <= 0:
-            raise ValueError(f"`selective_rope_tau_max` must be > 0, got {self.selective_rope_tau_max}")
+                             f"rfa_theta * pi), got {self.selective_rope_rfa_theta!r}")
+        if not (_is_real(self.selective_rope_tau_max) and self.selective_rope_tau_max > 0):
+            raise ValueError(f"`selective_rope_tau_max` must be a finite number > 0, got "
+                             f"{self.selective_rope_tau_max!r}")
 
     def _validate_rope_parameters(self) -> None:
         check_rope_parameters(self.rope_parameters)

@@ -248,6 +248,12 @@ def test_rope_rotation_matches_the_definition():
     (lambda: build_mixer("mamba", hidden_size=32), "family"),
     (lambda: make_mixer("gla", "selective_rope", selective_rope_temperature_base=0.0), "temperature_base"),
     (lambda: make_mixer("gla", "selective_rope", selective_rope_tau_max=-1.0), "tau_max"),
+    # NaN or infinite temperatures passed `<= 0` and made every output NaN; a string or float size crashed later
+    (lambda: make_mixer("gla", "selective_rope", selective_rope_tau_max=float("nan")), "selective_rope_tau_max"),
+    (lambda: make_mixer("gla", "selective_rope", selective_rope_tau_max="1"), "selective_rope_tau_max"),
+    (lambda: make_mixer("gla", "selective_rope", selective_rope_temperature_base=float("inf")), "temperature_base"),
+    (lambda: make_mixer("gla", "selective_rope", selective_rope_rfa_theta="0.5"), "selective_rope_rfa_theta"),
+    (lambda: make_mixer("gla", "selective_rope", selective_rope_conv_size=2.0), "selective_rope_conv_size"),
     (lambda: make_mixer("gla", "selective_rope", selective_rope_gain_per_head=True), "selective_rope_gain_per_head"),
 ])
 def test_invalid_settings_raise_a_clear_value_error(make, match):
