@@ -94,15 +94,20 @@ def causal_conv1d(
         x: ``[B, T, C]``.
         weight: ``[C, W]``; tap ``W - 1`` meets the current token.
         initial_state: ``[B, W - 1, C]``, the inputs before x, oldest first (zeros when None); not differentiated.
+            Not with ``cu_seqlens``.
         activation: one of :data:`ACTIVATIONS`.
         cu_seqlens: int ``[N + 1]`` boundaries of sequences packed into a batch of size 1: no window reaches across.
 
     Returns:
         y ``[B, T, C]`` in x's dtype, and the state after x ``[B, W - 1, C]`` (its last inputs, detached): prepending
-        it continues the sequence exactly.
+        it continues the sequence exactly; with ``cu_seqlens``, the last packed sequence.
     """
     B, T, C = x.shape
     W = weight.shape[1]
+    if initial_state is not None and cu_seqlens is not None:
+        # one state [1, W - 1, C] would run on into every packed sequence shorter than the window
+        raise ValueError("`initial_state` cannot be combined with `cu_seqlens`: packed sequences start without a "
+                         "state; run a sequence that continues a state unpacked")
     history = initial_state.detach().to(x.dtype) if initial_state is not None else None
     if T == 1 and history is not None and cu_seqlens is None:
         # One decoding step is one dot product with the window, a few ops where the general path takes many, and
@@ -122,4 +127,9 @@ def causal_conv1d(
     if T < W - 1:  # a short input keeps part of the old window
         old = history if history is not None else x.new_zeros(B, W - 1, C)
         tail = torch.cat([old[:, T:], tail], 1)
+    if cu_seqlens is not None:
+        # the state continues the last sequence, which starts with no history: inputs of the sequences before it
+        # are not part of its window (compared on the device, so that nothing is read back to the host)
+        positions = torch.arange(T - (W - 1), T, device=x.device)
+        tail = tail * (positions >= cu_seqlens[-2]).to(tail.dtype)[None, :, None]
     return y, tail
