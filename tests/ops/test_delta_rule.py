@@ -327,3 +327,10 @@ def test_unit_lower_inverse_reads_only_the_strict_lower_triangle(C):
     leaf = (torch.randn(2, C, C, dtype=torch.float64) * 0.1).requires_grad_()
     # gradcheck on a copy: the op overwrites its input
     assert torch.autograd.gradcheck(lambda a: chunk_module.unit_lower_inverse_(a.clone()), (leaf,), fast_mode=True)
+
+
+@pytest.mark.parametrize("T", [0, 3])
+def test_naive_oracle_returns_the_dtype_of_v(T):
+    x = make_inputs(T=T, dtype=torch.bfloat16)
+    o, _ = naive_gated_delta_rule(x["q"], x["k"], x["v"], x["g"], x["beta"])
+    assert o.dtype == torch.bfloat16 and o.shape == x["v"].shape

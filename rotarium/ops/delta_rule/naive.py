@@ -24,6 +24,7 @@ def naive_gated_delta_rule(
     B, T, H, K = q.shape
     V = v.shape[-1]
     scale = K ** -0.5 if scale is None else scale
+    dtype = v.dtype
     q, k, v, beta = (x.float() for x in (q, k, v, beta))
     S = q.new_zeros(B, H, K, V) if initial_state is None else initial_state.float()
     eye = torch.eye(K, device=q.device)
@@ -34,7 +35,7 @@ def naive_gated_delta_rule(
         decay = 1.0 if g is None else g[:, t, :, None, None].float().exp()
         S = decay * (transition @ S) + b_t * k_t[..., :, None] * v_t[..., None, :]
         outputs.append(scale * (S.transpose(-1, -2) @ q[:, t, ..., None]).squeeze(-1))
-    o = torch.stack(outputs, dim=1).to(v.dtype) if T > 0 else v.new_zeros(B, 0, H, V)
+    o = torch.stack(outputs, dim=1).to(dtype) if T > 0 else v.new_zeros(B, 0, H, V, dtype=dtype)
     return o, (S if output_final_state else None)
 
 
