@@ -413,3 +413,14 @@ def test_whole_causal_attention_runs_in_the_fused_kernel_with_the_gate_in_two_ch
     for a, b in ((0, 40), (40, 96)):
         alone = parallel_forgetting_attn(q[:, a:b], k[:, a:b], v[:, a:b], g[:, a:b])
         within_gate_rounding(packed[:, a:b], alone, g)
+
+
+@pytest.mark.parametrize("packed", [False, True])
+@pytest.mark.parametrize("window", [None, 2])
+@pytest.mark.parametrize("gate", [True, False])
+def test_parallel_empty_input_gives_an_empty_output(gate, window, packed):
+    """T = 0, as the recurrent ops take it: an empty output, not an error from inside the kernels."""
+    q, k, v, g = make_inputs(1 if packed else 2, 0, 4, 2, gate=gate)
+    cu_seqlens = torch.tensor([0, 0]) if packed else None
+    o = parallel_forgetting_attn(q, k, v, g, window_size=window, cu_seqlens=cu_seqlens)
+    assert o.shape == (q.shape[0], 0, 4, v.shape[-1]) and o.dtype == v.dtype

@@ -306,6 +306,8 @@ def parallel_forgetting_attn(
         return fla_parallel_forgetting_attn(q=q, k=k, v=v, g=g, scale=scale, window_size=window_size,
                                             cu_seqlens=cu_seqlens)
 
+    if T == 0:  # an empty output, as the recurrent ops give: neither the fused kernel nor the blocks take no tokens
+        return v.new_zeros(B, 0, HQ, v.shape[-1])
     bounds = None if cu_seqlens is None else (cu_seqlens_cpu if cu_seqlens_cpu is not None else cu_seqlens).tolist()
     c = None if g is None else segment_cumsum(g.float(), cu_seqlens)
     if window_size is None:
