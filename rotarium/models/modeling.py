@@ -374,24 +374,26 @@ class RotariumForCausalLM(RotariumPreTrainedModel, GenerationMixin):
         logits_to_keep: int | torch.Tensor = 0,
         cu_seqlens: torch.LongTensor | None = None,
         cache: Cache | None = None,
-        return_logits: bool = False,
-        shift_labels: torch.LongTensor | None = None,
+        return_logits: bool | None = None,
         cu_seq_lens_q: torch.Tensor | None = None,
         cu_seq_lens_k: torch.Tensor | None = None,
         **kwargs,
     ) -> CausalLMOutputWithPast | tuple:
-        """``labels`` are the input ids themselves (shifted inside), or ``shift_labels`` the targets already shifted
-        (``shift_labels[t]`` is what position t predicts; sequence- and context-parallel trainers pass them), as in
-        transformers' ``ForCausalLMLoss``. -100 is ignored, and so is every prediction across a packed document
-        boundary (``cu_seqlens``, ``cu_seq_lens_q`` / ``cu_seq_lens_k``, or restarting ``position_ids``: see
-        :meth:`RotariumModel.forward`).
+        """``labels`` are the input ids themselves (shifted inside), or ``shift_labels`` (a keyword argument, as in
+        transformers' models) the targets already shifted (``shift_labels[t]`` is what position t predicts; sequence-
+        and context-parallel trainers pass them), as in transformers' ``ForCausalLMLoss``. -100 is ignored, and so is
+        every prediction across a packed document boundary (``cu_seqlens``, ``cu_seq_lens_q`` / ``cu_seq_lens_k``, or
+        restarting ``position_ids``: see :meth:`RotariumModel.forward`).
 
-        With labels, the loss goes through the output projection a chunk of tokens at a time
+        With labels in training mode, the loss goes through the output projection a chunk of tokens at a time
         (:func:`rotarium.ops.fused_linear_cross_entropy_loss`), so the ``[tokens, vocab]`` logits and their gradient
         never exist, and ``logits`` is None; a head that is not a plain ``nn.Linear`` (a PEFT adapter, hooks:
-        :func:`rotarium.ops.utils.plain_linear`) is called instead, and its whole logits give the loss.
-        ``return_logits=True`` computes the full logits as well, and the loss from them. Without labels the logits
-        are returned (the last ``logits_to_keep`` positions, or all).
+        :func:`rotarium.ops.utils.plain_linear`) is called instead, and its whole logits give the loss. In
+        evaluation mode (``model.eval()``) the full logits are computed and returned with the loss, as any causal
+        LM's are: evaluation loops read them (transformers' ``Trainer`` passes them to ``compute_metrics``).
+        ``return_logits`` decides either way instead (``False``: the chunked loss alone, as a validation loss that
+        needs no logits takes it). Without labels the logits are returned (the last ``logits_to_keep`` positions, or
+        all).
         """
         return_dict = return_dict if return_dict is not None else self.config.return_dict
         boundaries = document_boundaries(cu_seqlens, cu_seq_lens_q, cu_seq_lens_k)
@@ -400,7 +402,12 @@ class RotariumForCausalLM(RotariumPreTrainedModel, GenerationMixin):
                              use_cache=use_cache, output_hidden_states=output_hidden_states,
                              output_attentions=output_attentions, return_dict=True, cu_seqlens=boundaries)
         hidden_states = outputs.last_hidden_state
+        # shift_labels is read from kwargs, not named in the signature: transformers' Trainer takes every forward
+        # parameter whose name holds "label" for a label the batch must carry, and would then compute no loss
+        shift_labels = kwargs.get("shift_labels")
         scored = labels is not None or shift_labels is not None
+        if return_logits is None:
+            return_logits = not self.training
         logits = loss = None
         if not scored or return_logits:
             if isinstance(logits_to_keep, int):

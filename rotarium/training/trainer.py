@@ -425,7 +425,7 @@ class Trainer:
         total = torch.zeros(2, device=acc.device, dtype=torch.float64)
         for batch in self.data.validation:
             batch = {k: v.to(acc.device) for k, v in batch.items()}
-            loss = self.model(**batch).loss
+            loss = self.model(**batch, return_logits=False).loss  # the loss alone: no [tokens, vocab] logits
             counted = _counted_labels(batch)
             total += torch.stack([loss.double() * counted, torch.tensor(counted, device=acc.device)]).double()
         total = acc.reduce(total, reduction="sum")

@@ -55,6 +55,20 @@ def test_chunked_loss_equals_the_loss_from_full_logits(family, packed):
             assert torch.allclose(grads[name], grad, rtol=1e-4, atol=1e-5 * grad.abs().max()), name
 
 
+def test_evaluation_mode_returns_the_logits_with_the_loss():
+    """Evaluation loops read the logits beside the loss (transformers' Trainer hands them to ``compute_metrics``), as
+    from any causal LM: in ``eval()`` mode they come with it, and ``return_logits=False`` keeps the chunked loss alone;
+    in training mode the chunked loss is the default."""
+    model = tiny_model("gla", "rope").eval()
+    ids = torch.randint(0, VOCAB, (2, 12), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        full = model(ids, labels=ids)
+        lean = model(ids, labels=ids, return_logits=False)
+        assert full.logits.shape == (2, 12, VOCAB) and lean.logits is None
+        torch.testing.assert_close(full.loss, lean.loss)
+        assert model.train()(ids, labels=ids).logits is None
+
+
 # The options that size heads apart from the width (Gated DeltaNet's published 6 heads of 256) and that give the
 # QK-norm its own weights per head and its own epsilon (fla's Forgetting Transformer): with every positional option,
 # they save, load and decode as the defaults do.

@@ -44,3 +44,31 @@ def test_trainer_fine_tunes(family, tmp_path):
     tuned = rotarium.models.modeling.FAMILY_MODELS[family].lm.from_pretrained(tmp_path / "tuned")
     batch = torch.stack([data[0]["input_ids"]])
     assert torch.allclose(tuned(batch).logits, model(batch).logits, atol=1e-5)
+
+
+def test_trainer_evaluates_with_the_loss_and_compute_metrics(tmp_path):
+    """Trainer takes every forward parameter named like a label for one the batch must carry: a ``shift_labels``
+    parameter made it compute no loss and never call ``compute_metrics``, and without logits beside the loss the
+    metrics had no predictions."""
+    from rotarium.models.configuration import CONFIGS
+    from rotarium.models.modeling import FAMILY_MODELS
+
+    model = FAMILY_MODELS["gla"].lm(CONFIGS["gla"](vocab_size=64, hidden_size=32, num_hidden_layers=1, num_heads=2))
+    seen = []
+
+    def accuracy(prediction):
+        seen.append(prediction.predictions.shape)
+        predicted = prediction.predictions.argmax(-1)[:, :-1]
+        return {"accuracy": float((predicted == prediction.label_ids[:, 1:]).mean())}
+
+    args = TrainingArguments(output_dir=str(tmp_path), per_device_eval_batch_size=8, report_to=[], use_cpu=True,
+                             disable_tqdm=True)
+    trainer = Trainer(model=model, args=args, eval_dataset=Tokens(n=16), compute_metrics=accuracy)
+    assert trainer.label_names == ["labels"]
+    metrics = trainer.evaluate()
+    assert seen == [(16, 24, 64)] and 0 <= metrics["eval_accuracy"] <= 1
+    model.eval()
+    batch = torch.stack([Tokens(n=16)[i]["input_ids"] for i in range(16)])
+    with torch.no_grad():
+        expected = model(batch, labels=batch).loss
+    assert metrics["eval_loss"] == pytest.approx(expected.item(), rel=1e-5)
