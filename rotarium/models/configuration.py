@@ -40,9 +40,10 @@ from rotarium.layers.positional import (
 
 # What every preset shares: untied embeddings, the Llama-2 / Mistral vocabulary, 24 layers.
 PRESET_BASE: dict[str, Any] = {"vocab_size": 32000, "num_hidden_layers": 24, "tie_word_embeddings": False}
-# What GPT-2-shaped presets share over the base: GPT-2's vocabulary and context, tied embeddings.
-GPT2_SHAPE: dict[str, Any] = {"vocab_size": 50257, "max_position_embeddings": 1024, "tie_word_embeddings": True,
-                              "rope_theta": 10000.0}
+# What GPT-2-shaped presets share over the base: GPT-2's vocabulary, its special token (<|endoftext|> begins and ends
+# every document) and context, tied embeddings.
+GPT2_SHAPE: dict[str, Any] = {"vocab_size": 50257, "bos_token_id": 50256, "eos_token_id": 50256,
+                              "max_position_embeddings": 1024, "tie_word_embeddings": True, "rope_theta": 10000.0}
 # fla fixes the epsilon of its QK-norms (its RMSNorm's and GroupNorm's default), whatever `norm_eps` says.
 FLA_QK_NORM_EPS = 1e-5
 

@@ -318,6 +318,16 @@ def test_initialisation_follows_the_recipe():
     assert torch.all((A >= 1) & (A <= 16))
 
 
+def test_gpt2_shaped_presets_have_gpt2s_special_tokens():
+    # GPT-2's tokenizer ends (and starts) every document with <|endoftext|>, id 50256; ids 1 and 2, the Llama
+    # presets' bos and eos, are '"' and '#' in GPT-2's vocabulary, at which generate() would stop
+    for name in ("transformer-124m", "transformer-354m"):
+        config = rotarium.preset_config(name)
+        assert (config.bos_token_id, config.eos_token_id, config.pad_token_id) == (50256, 50256, None), name
+    assert (rotarium.preset_config("transformer-370m").bos_token_id,
+            rotarium.preset_config("transformer-370m").eos_token_id) == (1, 2)  # the Llama-2 tokenizer's
+
+
 def test_presets_have_the_advertised_sizes():
     from rotarium.configs.param_table import parameter_count
 
