@@ -91,6 +91,11 @@ def test_the_rove_papers_recipes_train_gpt2_shapes_on_fineweb_edu_10b():
             per_step = config.train.global_batch_size * config.data.seq_len
             assert per_step == 524288 and abs(per_step * config.train.max_steps - 10e9) / 10e9 < 0.01
             assert config.optim.lr == lr and config.optim.schedule == "cosine"
+            # as docs/training.md states them: llm.c's warmup, build-nanogpt's floor of a tenth, AdamW as both
+            o = config.optim
+            assert (o.warmup_steps, o.min_lr_ratio, o.weight_decay, o.betas, o.grad_clip) == (
+                700, 0.1, 0.1, [0.9, 0.95], 1.0)
+            assert config.train.mixed_precision == "bf16"
             assert max(config.eval.context_lengths) == 16 * config.data.seq_len  # the paper's 16k
             assert accumulation_steps(config, 8) * 8 * config.train.batch_size == config.train.global_batch_size
     assert {n for n in recipe_names() if "-124m-" in n or "-354m-" in n} == {
