@@ -79,6 +79,29 @@ def test_recipes_cover_every_family_size_and_position():
                 assert accumulation_steps(config, 8) == 2 and accumulation_steps(config, 16) == 1
 
 
+def test_the_overrides_to_the_selective_rope_references_settings_apply_to_the_recipes():
+    """docs/training.md gives the overrides that turn a recipe's positional settings into the Selective RoPE
+    reference's; each must be a field the recipe's model takes, with the meaning stated."""
+    from rotarium.configs import preset_config
+
+    reference = {"gla": "rotary_gate_per_pair=false", "transformer": "selective_rope_decay=false",
+                 "deltanet": "use_gated_delta=true use_output_gate=true", "fox": ""}
+    for family, extra in reference.items():
+        tokens = ["--model.options.selective_rope_rank", "null", "--model.options.selective_rope_gain_per_head",
+                  "true", "--model.options.selective_rope_phase_gate", "true"]
+        for item in extra.split():
+            key, value = item.split("=")
+            tokens += [f"--model.options.{key}", value]
+        config = load_config(f"{family}-370m-selective-rope", parse_overrides(tokens))
+        model = preset_config(config.model.preset, position_encoding=config.model.position_encoding,
+                              **config.model.options)
+        assert (model.selective_rope_rank, model.selective_rope_gain_per_head, model.selective_rope_phase_gate) == (
+            None, True, True)
+        rope = load_config(f"{family}-370m-rope", parse_overrides(["--model.options.rope_theta", "500000"]))
+        assert preset_config(rope.model.preset, **rope.model.options).rope_theta == 500000
+    assert load_config("gla-370m-rope").model.options == {}  # the recipes keep rotarium's defaults
+
+
 def test_the_rove_papers_recipes_train_gpt2_shapes_on_fineweb_edu_10b():
     for size, lr in (("124m", 6e-4), ("354m", 3e-4)):
         for position in ("rope", "rove"):
