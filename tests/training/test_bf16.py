@@ -56,17 +56,6 @@ def test_auto_stays_float32_on_a_cpu(monkeypatch):
     assert resolve_precision("bf16") == "bf16"
 
 
-@pytest.fixture
-def fresh_accelerate_state():
-    """accelerate keeps one precision per process: a run in bf16 needs its state reset, before and after (for the
-    float32 runs of the tests that follow in this process)."""
-    from accelerate.state import AcceleratorState
-
-    AcceleratorState._reset_state(reset_partial_state=True)
-    yield
-    AcceleratorState._reset_state(reset_partial_state=True)
-
-
 def test_a_bf16_run_on_cpu_trains_under_autocast(corpus, tmp_path, monkeypatch, fresh_accelerate_state):
     monkeypatch.setattr(accelerator, "read_cpuinfo", lambda: NONE)  # the warning, whatever this machine has
     autocast: list[tuple[bool, torch.dtype]] = []

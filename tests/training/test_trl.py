@@ -98,8 +98,8 @@ def saved_model(family: str, position_encoding: str, folder) -> str:
 
 def common_args(folder) -> dict:
     return {"output_dir": str(folder / "out"), "per_device_train_batch_size": 4, "learning_rate": 1e-3,
-            "logging_steps": 1, "report_to": [], "use_cpu": True, "save_strategy": "no", "disable_tqdm": True,
-            "dataloader_num_workers": 0}
+            "logging_steps": 1, "report_to": [], "use_cpu": True, "bf16": False, "save_strategy": "no",
+            "disable_tqdm": True, "dataloader_num_workers": 0}
 
 
 def trained(trainer) -> list[float]:
@@ -114,7 +114,7 @@ def trained(trainer) -> list[float]:
 @pytest.mark.slow
 @pytest.mark.parametrize("family,position_encoding", one_option_each(
     {"gla": "selective_rope", "fox": "rove", "deltanet": "nope", "transformer": "rope"}))
-def test_sft_dpo_and_grpo_train(family, position_encoding, tmp_path):
+def test_sft_dpo_and_grpo_train(family, position_encoding, tmp_path, fresh_accelerate_state):
     from datasets import Dataset
     from transformers import AutoModelForCausalLM
     from trl import DPOConfig, DPOTrainer, GRPOConfig, GRPOTrainer, SFTConfig, SFTTrainer
