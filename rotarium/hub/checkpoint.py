@@ -37,7 +37,9 @@ from typing import Any
 
 from huggingface_hub.utils import HFValidationError, validate_repo_id
 
+from rotarium.data.config import DataSection
 from rotarium.data.documents import LOCAL_FORMATS
+from rotarium.data.prepared import METADATA, is_prepared
 from rotarium.hub.paths import confined
 from rotarium.models import CONFIGS
 from rotarium.models.loading import check_one_weights_layout
@@ -53,6 +55,7 @@ TRAINING_ARGS = "training_args.json"
 METRICS = "metrics.jsonl"
 EVAL_DIR = "eval"
 DATASET_KEYS = ("dataset", "dataset_name")
+SOURCE_KEY = "data.source"  # rotarium train's, in training_args.json
 TOKEN_KEYS = ("tokens", "total_tokens", "tokens_seen", "max_tokens", "train_tokens")
 TRAINER_STATE = "trainer_state.json"
 STEP_KEYS = ("step", "global_step")  # rotarium train's trainer_state.json, transformers' Trainer's
@@ -84,14 +87,24 @@ class Checkpoint:
 
     @property
     def datasets(self) -> list[str]:
-        """Hub dataset ids the training metadata names."""
+        """Hub dataset ids the training metadata names: its ``dataset`` keys (transformers' Trainer's), else the
+        ``data.source`` of ``rotarium train`` where that is a Hub id, or a prepared folder, still on this machine,
+        that ``rotarium prepare`` made from one (as every recipe trains)."""
         args = self.training_args or {}
         for key in DATASET_KEYS:
             value = args.get(key)
             values = [value] if isinstance(value, str) else value
             if isinstance(values, list) and values and all(isinstance(v, str) and v for v in values):
                 return [v for v in values if is_hub_id(v)]
-        return []
+        source = args.get(SOURCE_KEY)
+        if not isinstance(source, str) or source == DataSection().source:
+            return []
+        if is_prepared(source):
+            try:
+                source = json.loads((Path(source) / METADATA).read_text(encoding="utf-8"))["settings"]["source"]
+            except (OSError, ValueError, KeyError, TypeError):  # unfinished or damaged: nothing to name
+                return []
+        return [source] if isinstance(source, str) and is_hub_id(source) else []
 
     @property
     def training_tokens(self) -> int | None:

@@ -50,3 +50,22 @@ def test_the_card_of_a_final_model_reports_the_whole_run(tmp_path):
     card = model_card(checkpoint, repo="someone/tiny", num_parameters=1000)
     assert checkpoint.step is None
     assert "Tokens: 400 (400)." in card and "Training loss at step 4: 1." in card
+
+
+def test_the_card_names_the_hub_dataset_a_run_trained_on(tmp_path):
+    """rotarium train records its ``data.source``: a Hub id (streaming), or a prepared folder that records the Hub id
+    it was made from (every recipe). The embedded corpus, a local file and a folder gone since name nothing."""
+    prepared = tmp_path / "data" / "fineweb-edu-10bt"
+    prepared.mkdir(parents=True)
+    (prepared / "metadata.json").write_text(json.dumps({"settings": {"source": "HuggingFaceFW/fineweb-edu"}}))
+    cases = {"HuggingFaceFW/fineweb-edu": ["HuggingFaceFW/fineweb-edu"],
+             str(prepared): ["HuggingFaceFW/fineweb-edu"],
+             "embedded": [], str(tmp_path / "corpus.jsonl"): [], str(tmp_path / "gone"): []}
+    for n, (source, expected) in enumerate(cases.items()):
+        folder = tmp_path / f"run{n}" / "final"
+        make_checkpoint(folder, "gla", "rope")
+        (folder / "training_args.json").write_text(json.dumps({"data.source": source}))
+        checkpoint = read_checkpoint(folder)
+        assert checkpoint.datasets == expected, source
+        card = model_card(checkpoint, repo="someone/tiny", num_parameters=1000)
+        assert ("datasets:\n- HuggingFaceFW/fineweb-edu" in card) is bool(expected)
