@@ -641,7 +641,8 @@ def check_training(name: str, preset: str, overrides: dict, ctx: Context, args: 
         batch = state["batch"] = packed_batch(B, T, config.vocab_size, ctx.device)
         model = build_model(config, ctx.device)
         try:
-            state["peer"] = build_peer(model, ctx.device, **ctx.peer_options)
+            # on the CPU until its own row, so that the peak memory below is rotarium's step alone
+            state["peer"] = build_peer(model, ctx.device, **ctx.peer_options).to("cpu")
         except NoFlaPeer as why:
             state["no_peer"] = str(why)
         # the weights it starts from, for the compiled row
@@ -694,7 +695,7 @@ def check_training(name: str, preset: str, overrides: dict, ctx: Context, args: 
             return "SKIP", state["no_peer"]
         if "peer" not in state:
             return "SKIP", "rotarium's row did not get as far as building it"
-        peer = state.pop("peer")
+        peer = state.pop("peer").to(ctx.device)
         if ctx.dry_run:
             return "SKIP", (f"built ({type(peer).__name__}) and its weights loaded into rotarium's; fla's kernels "
                             "need CUDA (dry run)")
