@@ -76,8 +76,9 @@ def llama(layers: int) -> torch.nn.Module:
     torch.manual_seed(0)
     return LlamaForCausalLM(LlamaConfig(
         vocab_size=ours.vocab_size, hidden_size=ours.hidden_size, num_hidden_layers=layers,
-        num_attention_heads=ours.num_heads, intermediate_size=ours.intermediate_size,
-        tie_word_embeddings=ours.tie_word_embeddings, attn_implementation="sdpa")).train()
+        num_attention_heads=ours.num_heads, num_key_value_heads=ours.num_kv_heads or ours.num_heads,
+        intermediate_size=ours.intermediate_size, tie_word_embeddings=ours.tie_word_embeddings,
+        attn_implementation="sdpa")).train()
 
 
 def training_step(model: torch.nn.Module, length: int, bf16: bool = False, **forward: object) -> Callable[[], None]:
