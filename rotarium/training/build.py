@@ -377,5 +377,7 @@ def prepare_data(config: Config, tokenizer: PreTrainedTokenizerBase, source: Dat
         val = pack_all(tokenizer, held_out, d.seq_len, "validation")
         train = MemoryLoader(pack_all(tokenizer, train_docs, d.seq_len, "training"), settings, held_out)
     val = PackedSequences(val.tokens[:max_val_rows], val.starts[:max_val_rows])
-    return RunData(train, validation_batches(val, t.batch_size, t.eval_batches, world, rank), held_out,
-                   source.prepared)
+    # `train.eval_batches` batches of the global batch's size in all, dealt out among the processes: the rows scored
+    # depend on the global batch only, so a run resumed with another number of processes keeps its validation loss
+    per_process = t.eval_batches * settings.accum
+    return RunData(train, validation_batches(val, t.batch_size, per_process, world, rank), held_out, source.prepared)

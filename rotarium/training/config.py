@@ -79,7 +79,8 @@ class TrainSection:
         "help": "sequences per optimizer step; sets the accumulation from the number of processes"})
     max_steps: int = field(default=300, metadata={"help": "optimizer steps"})
     eval_every: int = field(default=50, metadata={"help": "steps between validation losses"})
-    eval_batches: int = field(default=8, metadata={"help": "validation batches per process"})
+    eval_batches: int = field(default=8, metadata={
+        "help": "validation batches of the global batch's size, shared by the processes"})
     save_every: int = field(default=100, metadata={"help": "steps between checkpoints"})
     keep_checkpoints: int = field(
         default=2, metadata={"help": "the newest complete checkpoints kept; older ones are deleted"})

@@ -79,6 +79,8 @@ def test_a_run_resumes_with_fewer_processes_at_the_same_global_batch(corpus, ddp
     assert [r["step"] for r in records if "loss" in r] == [1, 2, 3, 4]
     # the batch of a step is a function of (seed, step): one process with 2 micro-batches sees the same 8 sequences
     _close(losses(run_dir), losses(ddp_run), range(3, 5), 1e-4)
+    # and it scores the same validation rows as the two processes did (eval_batches of the global batch's size)
+    _close(losses(run_dir, "val_loss"), losses(ddp_run, "val_loss"), [4], 1e-4)
 
 
 def test_fsdp_checkpoints_shards_resumes_exactly_and_consolidates_final(corpus, tmp_path):

@@ -59,3 +59,24 @@ def test_each_loader_goes_on_from_the_position_it_reports(kind, corpus, tmp_path
     resumed.close()
     assert record["documents"] > 0 and record["source"]
     assert ("prepared" in record) == (kind == "prepared") and (resumed.schedule is None) == (kind == "stream")
+
+
+@pytest.mark.parametrize("kind", ["memory", "prepared", "stream"])
+def test_the_validation_rows_scored_are_the_same_for_any_number_of_processes(kind, corpus, tmp_path):
+    """At a fixed global batch, one process (2 micro-batches) and two score the same validation rows, so a run resumed
+    with another number of processes goes on with the same validation loss."""
+    config, tokenizer = _config_and_tokenizer(kind, corpus, tmp_path)
+    config.train.global_batch_size = 8
+
+    def rows(world: int) -> list[torch.Tensor]:
+        shares = []
+        for rank in range(world):
+            settings = loader_settings(config, world, rank)
+            data = prepare_data(config, tokenizer, open_data_source(config, world), settings)
+            data.close()
+            shares.append([batch["input_ids"] for batch in data.validation])
+        return [shares[k % world][k // world] for k in range(sum(map(len, shares)))]  # dealt out batch by batch
+
+    one, two = rows(1), rows(2)
+    assert len(one) == len(two) > TINY["train.eval_batches"]
+    assert all(torch.equal(a, b) for a, b in zip(one, two))
