@@ -180,8 +180,6 @@ def run_sweep(args: argparse.Namespace) -> int:
 
     if args.jobs < 1:
         raise ValueError(f"--jobs must be at least 1, got {args.jobs}")
-    if len(set(args.seeds)) != len(args.seeds):
-        raise ValueError(f"--seeds has a seed twice: {args.seeds}")
     base = _settings(args)
     # the command that regenerates the table (a --report-only table is one the same command completes)
     argv = [a for a in sys.argv[1:] if a != "--report-only"]

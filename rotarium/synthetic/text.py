@@ -755,8 +755,6 @@ def run_extrapolation(args: argparse.Namespace) -> int:
         raise ValueError(f"--jobs must be at least 1, got {args.jobs}")
     if args.eval_tokens < 1:
         raise ValueError(f"--eval-tokens must be positive, got {args.eval_tokens}")
-    if len(set(args.seeds)) != len(args.seeds):
-        raise ValueError(f"--seeds has a seed twice: {args.seeds}")
     if args.ruler_samples < 1:
         raise ValueError(f"--ruler-samples must be at least 1, got {args.ruler_samples}")
     scoring = Scoring(multiples=tuple(args.multiples), eval_tokens=args.eval_tokens, yarn=args.yarn,

@@ -164,7 +164,7 @@ def test_a_sweep_tries_the_tasks_learning_rates_unless_given(tmp_path):
 
 @pytest.mark.parametrize("args, message", [
     (["--seeds", "a"], "--seeds takes integers"),
-    (["--seeds", "0,0"], "--seeds has a seed twice"),
+    (["--seeds", "0,0"], "--seeds names 0 more than once"),
     (["--jobs", "0"], "--jobs must be at least 1"),
     (["--lr", "1e-3,x"], "--lr takes numbers"),
     (["--lr", "0"], "--lr must be positive"),

@@ -68,7 +68,7 @@ def test_perplexity_claims_hold_only_for_every_seed():
 
 @pytest.mark.parametrize("args, message", [
     (["--families", "mamba"], "choose among"),
-    (["--seeds", "1,1"], "--seeds has a seed twice"),
+    (["--seeds", "1,1"], "--seeds names 1 more than once"),
     (["--jobs", "0"], "--jobs must be at least 1"),
     (["--multiples", "0,2"], "--multiples must be integers >= 1"),
     (["--model.family", "gla"], "--model.family is set per run here"),
