@@ -42,7 +42,7 @@ from rotarium.data.documents import LOCAL_FORMATS
 from rotarium.data.prepared import METADATA, is_prepared
 from rotarium.hub.paths import confined
 from rotarium.models import CONFIGS
-from rotarium.models.loading import check_one_weights_layout
+from rotarium.models.loading import TRAINER_STATE, check_one_weights_layout
 from rotarium.utils.files import read_jsonl
 
 MODEL_TYPES = {config.model_type: family for family, config in CONFIGS.items()}
@@ -57,7 +57,6 @@ EVAL_DIR = "eval"
 DATASET_KEYS = ("dataset", "dataset_name")
 SOURCE_KEY = "data.source"  # rotarium train's, in training_args.json
 TOKEN_KEYS = ("tokens", "total_tokens", "tokens_seen", "max_tokens", "train_tokens")
-TRAINER_STATE = "trainer_state.json"
 STEP_KEYS = ("step", "global_step")  # rotarium train's trainer_state.json, transformers' Trainer's
 STATE_TOKEN_KEYS = ("tokens", "num_input_tokens_seen")
 PLANNED_STEP_KEYS = ("train.max_steps", "max_steps")  # the run's last step, in training_args.json

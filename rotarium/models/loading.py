@@ -23,7 +23,10 @@ from rotarium.utils.files import file_sha256
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
 
+# A checkpoint's own records: its files' sizes and hashes, and the step and tokens it was saved at (as rotarium
+# train writes them; transformers' Trainer writes a trainer_state.json of the same name).
 CHECKSUMS = "checksums.json"
+TRAINER_STATE = "trainer_state.json"
 # a checkpoint's weights in any of transformers' layouts: whole, sharded with their index, safetensors or pickle
 WEIGHTS_FILE = re.compile(r"(model|pytorch_model)(-\d+-of-\d+)?\.(safetensors|bin)"
                           r"|(model\.safetensors|pytorch_model\.bin)\.index\.json")

@@ -39,7 +39,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from rotarium.models.loading import CHECKSUMS, CorruptCheckpoint, verify_checkpoint
+from rotarium.models.loading import CHECKSUMS, TRAINER_STATE, CorruptCheckpoint, verify_checkpoint
 from rotarium.training.lock import LOCK, RunLock
 from rotarium.training.metrics import append_record, plot_loss_curve, truncate_metrics
 from rotarium.utils.files import (
@@ -63,7 +63,6 @@ METRICS = "metrics.jsonl"
 TRAINING_ARGS = "training_args.json"
 LOSS_CURVE = "loss_curve.png"
 ACCELERATE_STATE = "state"
-TRAINER_STATE = "trainer_state.json"
 COMPLETE = "COMPLETE"
 PREVIOUS = "previous"
 REPLACING = ".replacing"  # what an --overwrite run writes before the old run is set aside (its tokenizer)
