@@ -120,6 +120,14 @@ def added_bos(tokenizer: PreTrainedTokenizerBase) -> int | None:
     return bos if with_special[:1] == [bos] and without[:1] != [bos] else None
 
 
+def document_start(tokenizer: PreTrainedTokenizerBase) -> int:
+    """The token a document's first token follows in training: the template's bos where it adds one
+    (:func:`added_bos`), else the eos :func:`pack` ends the document before with. A text scored or continued from
+    nothing (an empty prompt or context) starts after it."""
+    bos = added_bos(tokenizer)
+    return bos if bos is not None else tokenizer.eos_token_id
+
+
 def tokenize(tokenizer: PreTrainedTokenizerBase, documents: Iterable[str], batch: int = 256) -> Iterator[list[int]]:
     """Each document's ids as training reads them, before the eos :func:`pack` ends it with: the text's ids, after
     the tokenizer's bos where its own template starts a text with one. A model pretrained so sees a document start

@@ -178,13 +178,12 @@ def evaluate_tasks(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, s
     for task, count in shots.items():
         check_settings(batch_size, count)
         groups.setdefault(count, []).append(task)
-    from rotarium.data.batches import added_bos
+    from rotarium.data.batches import document_start
 
     # lm-eval scores a text from nothing (a rolling log-likelihood, an empty context) after its prefix token, the
-    # tokenizer's bos by default: a document starts in training after the template's bos where it adds one, else
-    # after the eos ending the one before, and a bos it never adds is a token the model never saw
-    prefix = bos if (bos := added_bos(tokenizer)) is not None else tokenizer.eos_token_id
-    lm = HFLM(pretrained=model, tokenizer=tokenizer, backend="causal", batch_size=batch_size, prefix_token_id=prefix)
+    # tokenizer's bos by default, which training may never show: the token a document starts after in training
+    lm = HFLM(pretrained=model, tokenizer=tokenizer, backend="causal", batch_size=batch_size,
+              prefix_token_id=document_start(tokenizer))
     merged: dict[str, Any] = {}
     for count, names in groups.items():
         try:

@@ -73,12 +73,12 @@ def generate_text(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, pr
                          "continuation (drop --greedy, or ask for 1)")
     if seed is not None:
         torch.manual_seed(seed)
-    from rotarium.data.batches import tokenize
+    from rotarium.data.batches import document_start, tokenize
 
     device = next(model.parameters()).device
     # the prompt as training framed a document's start (the template's bos where it adds one); an empty one is the
-    # start of a document, which in a packed sequence follows the eos ending the one before
-    prompt_ids = next(tokenize(tokenizer, [prompt])) or [tokenizer.eos_token_id]
+    # start of a document
+    prompt_ids = next(tokenize(tokenizer, [prompt])) or [document_start(tokenizer)]
     ids = torch.tensor([prompt_ids])
     sampling = {"temperature": temperature, "top_k": top_k, "top_p": top_p} if do_sample else {}
     out = model.generate(ids.to(device), attention_mask=torch.ones_like(ids).to(device),
