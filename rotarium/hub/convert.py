@@ -39,11 +39,14 @@ Fields ignored on purpose, because they do not change the function the weights c
 from __future__ import annotations
 
 import argparse
+import glob
 import json
 import math
 import os
 import pickle
 import re
+from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -62,8 +65,9 @@ MODEL_TYPES = (*FLA_TYPES, "llama")
 # The tokenizer files (those export copies: a chat template is one too) and the generation settings, copied as they
 # are.
 COPIED_FILES = (*TOKENIZER_FILES, "generation_config.json")
-# What a Hub source's download fetches: the config, the weights and every file of COPIED_FILES.
-SOURCE_PATTERNS = ["*.json", "*.safetensors", "*.bin", "*.model", "*.txt", "*.jinja"]
+# What a Hub source's first download fetches: the config, the weights' indexes and every file of COPIED_FILES. The
+# weights follow in the one layout weight_files reads (_download_weights).
+SOURCE_PATTERNS = ["*.json", "*.model", "*.txt", "*.jinja"]
 # safetensors' own limit on a header's size: a larger one is a corrupt or hostile file, not a checkpoint.
 MAX_SAFETENSORS_HEADER = 100_000_000
 SAFETENSORS_DTYPES = {"F64": "float64", "F32": "float32", "F16": "float16", "BF16": "bfloat16", "I64": "int64",
@@ -95,7 +99,8 @@ FLA_DEFAULTS: dict[str, dict[str, Any]] = {
 # --------------------------------------------------------------------------------------------- reading a source
 
 def resolve_source(src: str | os.PathLike) -> Path:
-    """A local folder as it is; anything else is a Hub model id, downloaded (weights, config, tokenizer only).
+    """A local folder as it is; anything else is a Hub model id, downloaded (config, tokenizer, and
+    the weights in the one layout :func:`weight_files` reads).
     ``ValueError`` for what is neither, or for an id that cannot be downloaded (unknown, or the Hub offline)."""
     path = Path(src)
     if path.is_dir():
@@ -106,12 +111,30 @@ def resolve_source(src: str | os.PathLike) -> Path:
     from huggingface_hub.errors import HfHubHTTPError, HFValidationError, LocalEntryNotFoundError
 
     try:
-        return Path(snapshot_download(str(src), allow_patterns=SOURCE_PATTERNS))
+        folder = Path(snapshot_download(str(src), allow_patterns=SOURCE_PATTERNS))
+        _download_weights(folder, partial(snapshot_download, str(src), revision=folder.name))
+        return folder
     except (HFValidationError, HfHubHTTPError, LocalEntryNotFoundError, OSError) as error:
         message = " ".join(str(error).split()) or type(error).__name__
         raise ValueError(f"{src!r} is not a local folder, and as a Hub model id it could not be downloaded "
                          f"({type(error).__name__}: {message}); pass a folder, or an existing id with the Hub "
                          "reachable (HF_HUB_OFFLINE unset)") from None
+
+
+def _download_weights(folder: Path, download: Callable[..., str]) -> None:
+    """Fetches into the Hub snapshot ``folder`` the weight files :func:`weight_files` reads, and no other layout's:
+    a repository often holds the same weights twice (safetensors and ``pytorch_model*.bin``, or a
+    ``consolidated.safetensors`` beside the shards). As transformers does, ``model.safetensors`` first, else the
+    shards of ``model.safetensors.index.json``, else the pickles. ``download`` is ``snapshot_download`` bound to the
+    repository at the commit of ``folder`` (its name), so that every file comes from that commit."""
+    download(allow_patterns=["model.safetensors"])
+    if (folder / "model.safetensors").exists():
+        return
+    index = folder / "model.safetensors.index.json"
+    if index.exists():
+        download(allow_patterns=[glob.escape(name) for name in _index_files(index, folder)])
+    else:
+        download(allow_patterns=["pytorch_model*.bin"])
 
 
 def _confined_source(path: Path, folder: Path) -> Path:
@@ -138,8 +161,8 @@ def read_source_config(folder: Path) -> dict[str, Any]:
     raise ValueError(f"{path} holds a JSON {type(raw).__name__}, not an object of config fields")
 
 
-def _read_index(index: Path, folder: Path) -> list[Path]:
-    """The weight files named by the sharded checkpoint's ``index``, each of them inside ``folder``."""
+def _index_files(index: Path, folder: Path) -> list[str]:
+    """The file names the weight map of the sharded checkpoint's ``index`` (in ``folder``) gives, sorted, once each."""
     _confined_source(index, folder)
     try:
         data = json.loads(index.read_bytes().decode("utf-8"))
@@ -151,8 +174,13 @@ def _read_index(index: Path, folder: Path) -> list[Path]:
         found = repr(weight_map)[:80] if isinstance(data, dict) else f"a JSON {type(data).__name__}"
         raise ValueError(f"{index}: `weight_map` must be an object mapping each tensor name to a .safetensors file "
                          f"of the folder, found {found}")
+    return sorted(set(weight_map.values()))
+
+
+def _read_index(index: Path, folder: Path) -> list[Path]:
+    """The weight files named by the sharded checkpoint's ``index``, each of them inside ``folder``."""
     files = []
-    for name in sorted(set(weight_map.values())):
+    for name in _index_files(index, folder):
         file = folder / name
         if Path(name).is_absolute() or ".." in Path(name).parts:
             raise ValueError(f"{index} names the weight file {name!r}, a path out of {folder}; convert reads weights "

@@ -30,6 +30,7 @@ from rotarium.hub.convert import (
     fla_config_classes,
     fla_intermediate_size,
     map_fla_config,
+    resolve_source,
 )
 from rotarium.models import CONFIGS, build_mixer
 from tests.asserts import assert_close_at_scale
@@ -202,6 +203,51 @@ def test_every_tokenizer_file_is_carried_over_and_downloaded(tmp_path):
     convert_checkpoint(tmp_path / "llama", tmp_path / "out")
     assert AutoTokenizer.from_pretrained(tmp_path / "out").chat_template == tokenizer.chat_template
     assert all(any(fnmatch(name, pattern) for pattern in SOURCE_PATTERNS) for name in COPIED_FILES)
+
+
+SHARDS = {"model.safetensors.index.json": json.dumps({"weight_map": {"a": "model-00001-of-00002.safetensors",
+                                                                   "b": "model-00002-of-00002.safetensors"}})}
+HUB_REPOS = {  # a Hub repository's files -> those a download of it must fetch
+    "whole": ({"config.json", "tokenizer.json", "model.safetensors", "pytorch_model.bin"},
+              {"config.json", "tokenizer.json", "model.safetensors"}),
+    "sharded": ({"config.json", *SHARDS, "model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors",
+                 "consolidated.safetensors", "pytorch_model.bin.index.json", "pytorch_model-00001-of-00002.bin",
+                 "pytorch_model-00002-of-00002.bin"},
+                {"config.json", *SHARDS, "model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors",
+                 "pytorch_model.bin.index.json"}),
+    "pickled only": ({"config.json", "tokenizer.model", "pytorch_model.bin.index.json",
+                      "pytorch_model-00001-of-00002.bin", "pytorch_model-00002-of-00002.bin"},
+                     {"config.json", "tokenizer.model", "pytorch_model.bin.index.json",
+                      "pytorch_model-00001-of-00002.bin", "pytorch_model-00002-of-00002.bin"}),
+}
+
+
+@pytest.mark.parametrize("layout", list(HUB_REPOS))
+def test_a_hub_source_downloads_one_weights_layout(tmp_path, monkeypatch, layout):
+    """A repository holding its weights as safetensors and as pickles fetches only the safetensors (the layout
+    transformers loads first, and convert reads), and of sharded safetensors only the shards its index names; a
+    repository of pickles alone fetches them. Every download is of the same commit."""
+    import huggingface_hub
+    from huggingface_hub.utils import filter_repo_objects
+
+    files, expected = HUB_REPOS[layout]
+    commit = "0123456789abcdef" * 2 + "01234567"
+    snapshot = tmp_path / "models--owner--name" / "snapshots" / commit
+    fetched, revisions = set(), []
+
+    def snapshot_download(repo_id, *, revision=None, allow_patterns=None, **_):
+        assert repo_id == "owner/name"
+        revisions.append(revision)
+        snapshot.mkdir(parents=True, exist_ok=True)
+        for name in filter_repo_objects(sorted(files), allow_patterns=allow_patterns):
+            fetched.add(name)
+            (snapshot / name).write_text(SHARDS.get(name, "{}"))
+        return str(snapshot)
+
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", snapshot_download)
+    assert resolve_source("owner/name") == snapshot
+    assert fetched == expected
+    assert revisions[1:] and set(revisions[1:]) == {commit}
 
 
 def test_convert_command_writes_the_folder(tmp_path, capsys):
