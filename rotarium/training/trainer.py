@@ -372,25 +372,32 @@ class Trainer:
         return StepResult(loss, grad_norm, lr, updated)
 
     def _forward_backward(self, step: int) -> tuple[float, float]:
-        """Forward and backward of every micro-batch of ``step``; returns (mean loss over processes, gradient norm
-        before clipping)."""
-        acc, accum = self.accelerator, self.accum
-        total = torch.zeros((), device=acc.device)
+        """Forward and backward of every micro-batch of ``step``; returns (the step's loss, gradient norm before
+        clipping).
+
+        The loss is one mean over every scored token of the step, on every process and micro-batch, as
+        transformers' Trainer takes it (``num_items_in_batch``): each micro-batch's loss is its sum over the step's
+        count, so a micro-batch with more document ends, hence fewer scored tokens, does not weigh as much as the
+        others, and the step is the same loss whatever its split into processes and micro-batches."""
+        acc = self.accelerator
         self.model.train()
-        for micro in range(accum):
-            waiting = time.perf_counter()
-            batch = self.data.train.batch(step, micro)
-            self._data_wait += time.perf_counter() - waiting
+        waiting = time.perf_counter()
+        batches = [self.data.train.batch(step, micro) for micro in range(self.accum)]
+        self._data_wait += time.perf_counter() - waiting
+        counted = torch.tensor(float(sum(_counted_labels(batch) for batch in batches)), device=acc.device)
+        counted = acc.reduce(counted, reduction="sum")  # the step's scored tokens, over every process
+        total = torch.zeros((), device=acc.device)
+        for micro, batch in enumerate(batches):
             batch = {k: v.to(acc.device, non_blocking=True) for k, v in batch.items()}
-            sync = micro == accum - 1
+            sync = micro == len(batches) - 1
             # prepare() already runs the forward under autocast when mixed precision is on
             with acc.no_sync(self.model) if not sync else contextlib.nullcontext():
-                loss = self.model(**batch).loss / accum
-                acc.backward(loss)
+                loss = self.model(**batch, num_items_in_batch=counted).loss
+                # DDP and FSDP average the processes' gradients, where the step's loss is their sum
+                acc.backward(loss * acc.num_processes)
             total += loss.detach().float()
         grad_norm = acc.clip_grad_norm_(self.model.parameters(), clip_norm(self.config.optim))
-        loss_mean = acc.reduce(total, reduction="mean")
-        return float(loss_mean), float(grad_norm)
+        return float(acc.reduce(total, reduction="sum")), float(grad_norm)
 
     def log_step(self, step: int, result: StepResult) -> None:
         """The training record of ``step``: the mean loss of the steps updated since the last record, the
