@@ -23,7 +23,7 @@ import numpy as np
 import torch
 
 from rotarium.data.config import DEFAULT_SEED, DataSection
-from rotarium.data.documents import held_out_documents, iter_documents
+from rotarium.data.documents import LOCAL_FORMATS, held_out_documents, iter_documents
 from rotarium.data.heldout import RECORD_KEY as HELD_OUT_RECORD
 from rotarium.data.heldout import (
     check_held_out,
@@ -242,7 +242,7 @@ class Perplexity(EvalTask):
         Flag("--data", {"default": None, "help": (
             "'validation': the documents the checkpoint's training run held out, checked against the record the run "
             "kept of them (default); 'embedded': the embedded corpus; a prepared folder (its validation split); or a "
-            "local .txt/.jsonl/.parquet file or folder")}),
+            f"local {'/'.join(LOCAL_FORMATS)} file or folder")}),
         Flag("--allow-data-change", {"action": "store_true", "help": (
             "score the run's held-out documents derived from its source as it is now, although the source changed "
             "since training (they may then include documents the run trained on; without it such an evaluation is "
