@@ -7,6 +7,7 @@ drift instead of trusting whichever run happened to be lucky.
 """
 from __future__ import annotations
 
+import copy
 import inspect
 import random
 import statistics
@@ -23,9 +24,12 @@ def _sync() -> None:
 
 def time_rounds(fns: dict[Hashable, Callable[[], object]], repeats: int = 3,
                 warmup: int = 1) -> dict[Hashable, list[float]]:
-    """Wall-clock seconds of every call of each function, over ``repeats`` round-robin rounds."""
+    """Wall-clock seconds of every call of each function, over ``repeats`` round-robin rounds. A function with a
+    ``reset`` method (a :class:`Decoder`) has it called, untimed, before each of its calls, warm-up included, so that
+    every call does the same work."""
     for fn in fns.values():
         for _ in range(warmup):
+            _reset(fn)
             fn()
     samples: dict[Hashable, list[float]] = {key: [] for key in fns}
     order, shuffler = list(fns), random.Random(0)
@@ -36,6 +40,7 @@ def time_rounds(fns: dict[Hashable, Callable[[], object]], repeats: int = 3,
         shuffler.shuffle(order)
         for key in order:
             fn = fns[key]
+            _reset(fn)
             _sync()
             start = time.perf_counter()
             fn()
@@ -44,26 +49,39 @@ def time_rounds(fns: dict[Hashable, Callable[[], object]], repeats: int = 3,
     return samples
 
 
-def decoder(model: torch.nn.Module, context: int, steps: int) -> Callable[[], None]:
+def _reset(fn: Callable[[], object]) -> None:
+    reset = getattr(fn, "reset", None)
+    if reset is not None:
+        reset()
+
+
+class Decoder:
     """After a prefill of ``context`` random tokens, a call that decodes ``steps`` more greedily, one at a time (batch
-    1), through the model's cache (rotarium's or transformers')."""
-    model.eval()
-    generator = torch.Generator().manual_seed(0)
-    with torch.no_grad():
-        out = model(input_ids=torch.randint(0, model.config.vocab_size, (1, context), generator=generator),
-                    use_cache=True)
-    cache = out.cache if hasattr(out, "cache") else out.past_key_values
-    # transformers renamed `past_key_values` to `cache` (the old name warns); rotarium's models take both
-    name = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
-    token = out.logits[:, -1:].argmax(-1)
+    1), through the model's cache (rotarium's or transformers'). :meth:`reset` puts back the cache and the next token
+    as the prefill left them: a call extends the cache, and a decoding step costs more (attention) or as much
+    (recurrent state) with a longer one, so without it each round would time a longer context than the last."""
+
+    def __init__(self, model: torch.nn.Module, context: int, steps: int):
+        model.eval()
+        generator = torch.Generator().manual_seed(0)
+        with torch.no_grad():
+            out = model(input_ids=torch.randint(0, model.config.vocab_size, (1, context), generator=generator),
+                        use_cache=True)
+        self.model, self.steps = model, steps
+        self.prefilled = out.cache if hasattr(out, "cache") else out.past_key_values
+        # transformers renamed `past_key_values` to `cache` (the old name warns); rotarium's models take both
+        self.name = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+        self.first = out.logits[:, -1:].argmax(-1)
+        self.reset()
+
+    def reset(self) -> None:
+        self.cache, self.token = copy.deepcopy(self.prefilled), self.first
 
     @torch.no_grad()
-    def decode() -> None:
-        nonlocal token
-        for _ in range(steps):
-            token = model(input_ids=token, use_cache=True, **{name: cache}).logits[:, -1:].argmax(-1)
-
-    return decode
+    def __call__(self) -> None:
+        for _ in range(self.steps):
+            logits = self.model(input_ids=self.token, use_cache=True, **{self.name: self.cache}).logits
+            self.token = logits[:, -1:].argmax(-1)
 
 
 def best(samples: dict[Hashable, list[float]]) -> dict[Hashable, float]:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import argparse
 
 import torch
-from common import best, decoder, paired_ratio, time_rounds, verdict  # beside this script, first on sys.path
+from common import Decoder, best, paired_ratio, time_rounds, verdict  # beside this script, first on sys.path
 
 from rotarium.layers import SoftmaxAttention
 from rotarium.models import CONFIGS, FAMILY_MODELS, MIXERS
@@ -73,7 +73,7 @@ def main() -> None:
 
     print("\n## per-token decoding latency (batch 1, after a prefill of the context)")
     # every family and context in the same rounds, so that the machine's drift does not land on one of them
-    calls = {(family, context): decoder(model, context, args.decode_steps)
+    calls = {(family, context): Decoder(model, context, args.decode_steps)
              for family, model in ((family, build(family, args)) for family in CONFIGS) for context in (256, 4096)}
     rounds = best(time_rounds(calls, repeats=3))
     latency = {family: {context: rounds[family, context] / args.decode_steps for context in (256, 4096)}

@@ -40,7 +40,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import torch
-from common import best, decoder, paired_ratio, time_rounds, verdict  # beside this script, first on sys.path
+from common import Decoder, best, paired_ratio, time_rounds, verdict  # beside this script, first on sys.path
 
 from rotarium.configs.presets import preset_config
 from rotarium.models import CONFIGS, FAMILY_MODELS
@@ -159,8 +159,8 @@ def compare_bf16_decoding(context: int, layers: int, repeats: int, steps: int) -
     calls = {}
     for dtype in (torch.float32, torch.bfloat16):
         for family in CONFIGS:
-            calls[f"{family}/rope", dtype] = decoder(build(family, "rope", layers).to(dtype), context, steps)
-        calls[LLAMA, dtype] = decoder(llama(layers).to(dtype), context, steps)
+            calls[f"{family}/rope", dtype] = Decoder(build(family, "rope", layers).to(dtype), context, steps)
+        calls[LLAMA, dtype] = Decoder(llama(layers).to(dtype), context, steps)
     samples = time_rounds(calls, repeats)
     seconds = best(samples)
     names = [f"{family}/rope" for family in CONFIGS] + [LLAMA]
