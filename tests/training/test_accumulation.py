@@ -13,7 +13,8 @@ from tests.training.helpers import TINY
 def _short_documents(path):
     """Documents of 3 to 60 characters, so the micro-batches of a step hold different numbers of document ends."""
     rng = random.Random(0)
-    words = "the for statement loops over a sequence while a condition holds and returns".split()
+    words = ["the", "for", "statement", "loops", "over", "a", "sequence", "while", "a", "condition", "holds",
+             "and", "returns"]
     docs = [" ".join(rng.choices(words, k=rng.randint(1, 12)))[:rng.randint(3, 60)] for _ in range(400)]
     path.write_text("\n\n\n".join(docs))
     return path

@@ -72,3 +72,33 @@ def test_trainer_evaluates_with_the_loss_and_compute_metrics(tmp_path):
     with torch.no_grad():
         expected = model(batch, labels=batch).loss
     assert metrics["eval_loss"] == pytest.approx(expected.item(), rel=1e-5)
+
+
+def test_trainer_accumulates_gradients_over_every_scored_token(tmp_path):
+    """Trainer hands a model that takes ``**kwargs`` the step's count of scored tokens (``num_items_in_batch``)
+    and does not divide its loss by the accumulation steps: the model must sum over that count, so 2 micro-batches
+    of 2 rows step as 1 batch of 4 does, though the rows score different numbers of tokens."""
+    from rotarium.models.configuration import CONFIGS
+    from rotarium.models.modeling import FAMILY_MODELS
+
+    # labels masked over a prompt of 0, 6, 12 or 18 tokens
+    masked = [{"input_ids": row, "labels": torch.where(torch.arange(len(row)) < 6 * i, -100, row)}
+              for i, row in enumerate(Tokens(n=4).rows)]
+    config = CONFIGS["gla"](vocab_size=64, hidden_size=32, num_hidden_layers=1, num_heads=2)
+    start = FAMILY_MODELS["gla"].lm(config).state_dict()
+    updated = []
+    for batch_size, accumulation in [(4, 1), (2, 2)]:
+        model = FAMILY_MODELS["gla"].lm(config)
+        model.load_state_dict(start)
+        args = TrainingArguments(output_dir=str(tmp_path / str(batch_size)), max_steps=1, learning_rate=1.0,
+                                 optim="sgd", lr_scheduler_type="constant", max_grad_norm=0, logging_steps=1,
+                                 per_device_train_batch_size=batch_size, gradient_accumulation_steps=accumulation,
+                                 report_to=[], use_cpu=True, save_strategy="no", disable_tqdm=True,
+                                 dataloader_num_workers=0)
+        trainer = Trainer(model=model, args=args, train_dataset=masked)
+        trainer.train()
+        updated.append({name: p.detach().clone() for name, p in model.named_parameters()})
+    for name, value in updated[0].items():
+        moved = value - start[name]
+        torch.testing.assert_close(updated[1][name] - start[name], moved, rtol=1e-4,
+                                   atol=1e-5 * float(moved.abs().max()) + 1e-12, msg=name)
