@@ -117,8 +117,9 @@ class TrainResult:
 
 @dataclass
 class StepResult:
-    """What :meth:`Trainer.train_step` did: the loss (mean over processes and micro-batches), the gradient norm
-    before clipping, the learning rate, and whether the optimizer stepped (not for a non-finite loss or norm)."""
+    """What :meth:`Trainer.train_step` did: the loss (one mean over the tokens of every process and micro-batch),
+    the gradient norm before clipping, the learning rate, and whether the optimizer stepped (not for a non-finite
+    loss or norm)."""
     loss: float
     grad_norm: float
     lr: float
