@@ -28,11 +28,13 @@ one AdamW step of each 370M preset (``gla-370m``, ``fox-370m``, ``deltanet-370m`
 ``--seq-len`` tokens (cu_seqlens at every sequence and document start, as rotarium.data.batches builds it), reporting
 tokens/s; beside it fla's own model of the same preset (GLA, DeltaNet, Gated DeltaNet, Forgetting Transformer), built
 from the preset's fields with rotarium's model loaded from its weights, so the first losses must agree; fla's
-Transformer needs flash-attn and is skipped. The end-to-end rows run the presets cut to 2 layers and 1024 tokens of
-vocabulary (FoX and the Transformer with ``qk_norm`` and GQA, so those are covered too), ops on fla
-(``ROTARIUM_OPS_BACKEND=auto`` on CUDA) against ops on PyTorch: loss and gradients of a plain batch and of packed
-documents, token-by-token decoding after a prefill against the PyTorch full forward, and gradients through decoding (a
-prefill, then a few tokens from the cache with gradients).
+Transformer needs flash-attn and is skipped. The compiled blocks' steps and fla's model's are each timed round-robin
+beside rotarium's eager step (benchmarks/common.py), so that their time ratios to it compare steps of the same rounds.
+The end-to-end rows run the presets cut to 2 layers and 1024 tokens of vocabulary (FoX and the Transformer with
+``qk_norm`` and GQA, so those are covered too), ops on fla (``ROTARIUM_OPS_BACKEND=auto`` on CUDA) against ops on
+PyTorch: loss and gradients of a plain batch and of packed documents, token-by-token decoding after a prefill against
+the PyTorch full forward, and gradients through decoding (a prefill, then a few tokens from the cache with
+gradients).
 
 Every fla run counts the ops' dispatches (rotarium.ops.backend.count_dispatches): a row passes only if fla really
 ran, and the PyTorch side never did. A PyTorch fallback known to be deliberate (fla's plain chunked delta rule
@@ -77,7 +79,7 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from common import time_rounds, verdict  # beside this script, first on sys.path
+from common import paired_ratio, time_rounds, verdict  # beside this script, first on sys.path
 
 from rotarium import ops
 from rotarium.configs.presets import preset_config
@@ -495,7 +497,7 @@ def time_op(name: str, T: int, repeats: int, ctx: Context) -> tuple[str, str]:
     times = {backend: statistics.median(s) for backend, s in samples.items()}
     text = " | ".join(f"{backend} {t * 1e3:.2f} ms" for backend, t in times.items())
     if len(times) == 2:
-        text += f" | torch/fla {times['torch'] / times['fla']:.1f}x"
+        text += f" | torch/fla {paired_ratio(samples['torch'], samples['fla']):.1f}x"
     return "PASS", text + note + (" (dry run: both sides are the PyTorch path)" if ctx.dry_run else "")
 
 
@@ -595,8 +597,9 @@ def packed_batch(B: int, T: int, vocab: int, device: str) -> dict[str, torch.Ten
     return {name: t.to(device) for name, t in batch.items()}
 
 
-def train_steps(model: torch.nn.Module, batch: dict, steps: int, ctx: Context) -> tuple[float, list[float], Counter]:
-    """A warm-up AdamW step (its loss is the model's at its initial weights) and ``steps`` timed ones."""
+def first_step(model: torch.nn.Module, batch: dict, ctx: Context) -> tuple[float, Callable[[], object], Counter]:
+    """A first AdamW step of ``model`` on ``batch`` (a warm-up), its op dispatches counted: its loss (the model's at
+    its initial weights), the step, for :func:`time_steps`, and the counts."""
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=ctx.device == "cuda")
     model.train()
 
@@ -610,8 +613,14 @@ def train_steps(model: torch.nn.Module, batch: dict, steps: int, ctx: Context) -
 
     with count_dispatches() as calls:
         first = step().item()
-    times = time_rounds({"step": step}, repeats=steps, warmup=0)["step"] if steps else []
-    return first, times, calls
+    return first, step, calls
+
+
+def time_steps(steps: int, **contenders: Callable[[], object]) -> dict[str, list[float]]:
+    """Seconds of ``steps`` calls of each contender's step after its first, timed round-robin (common.time_rounds):
+    the ratio of two contenders (common.paired_ratio) compares steps of the same rounds, in the same state of the
+    machine (a GPU's clocks drift with its temperature and load), which rows timed one after another would not."""
+    return time_rounds(contenders, repeats=steps, warmup=0)
 
 
 def speed(times: list[float], tokens: int, flops: float | None = None, peak: float | None = None) -> str:
@@ -628,8 +637,9 @@ def speed(times: list[float], tokens: int, flops: float | None = None, peak: flo
 
 def check_training(name: str, preset: str, overrides: dict, ctx: Context, args: argparse.Namespace,
                    report: Report) -> None:
-    """Two rows: rotarium's training step (ops on ``auto``), then fla's model of the same preset from the same
-    weights (or why there is none)."""
+    """Three rows: rotarium's training step (ops on ``auto``), the same with its blocks compiled, then fla's model
+    of the same preset from the same weights (or why there is none). rotarium's eager step is kept for the two
+    others, each timed beside it round-robin (:func:`time_steps`) for its ratio to it."""
     overrides = tiny_sizes(overrides, 2) if ctx.tiny else overrides
     # interpreted kernels are not timed: their speed says nothing of a GPU's
     B, T, steps = (args.batch, args.seq_len, args.steps) if not ctx.tiny else (2, 64, int(ctx.dry_run))
@@ -650,11 +660,12 @@ def check_training(name: str, preset: str, overrides: dict, ctx: Context, args: 
         if ctx.device == "cuda":
             torch.cuda.reset_peak_memory_stats()
         with ops_backend("auto"):
-            first, times, calls = train_steps(model, batch, steps, ctx)
-        state["loss"], state["times"] = first, times
+            first, step, calls = first_step(model, batch, ctx)
+            times = time_steps(steps, rotarium=step)["rotarium"]
+        state["loss"], state["step"] = first, step
         state["flops"] = flops_per_token(model, T)
         size = sum(p.numel() for p in model.parameters())
-        del model
+        del model  # kept by its step
         problems, known = check_dispatches(calls, "fla", ctx, ctx.half, grad=True)
         memory = f", peak {torch.cuda.max_memory_allocated() / 2**30:.1f} GiB" if ctx.device == "cuda" else ""
         note = (f"{size / 1e6:.1f}M params, {speed(times, B * T, state['flops'], peak)}, first loss {first:.4f}"
@@ -675,8 +686,10 @@ def check_training(name: str, preset: str, overrides: dict, ctx: Context, args: 
         torch._dynamo.utils.counters.clear()
         compile_blocks(model, backend="inductor" if ctx.device == "cuda" else "aot_eager")
         with ops_backend("auto"):
-            first, times, calls = train_steps(model, state["batch"], steps, ctx)
-        del model
+            first, step, calls = first_step(model, state["batch"], ctx)
+            samples = time_steps(steps, eager=state["step"], compiled=step)
+        del model, step
+        times = samples["compiled"]
         problems, known = check_dispatches(calls, "fla", ctx, ctx.half, grad=True)
         err = abs(first - state["loss"]) / abs(state["loss"])
         if err >= PEER_LOSS_TOL:
@@ -686,8 +699,8 @@ def check_training(name: str, preset: str, overrides: dict, ctx: Context, args: 
             problems.append(failures)
         note = (f"{speed(times, B * T, state['flops'], peak)}, first loss rel diff to eager {err:.1e}, "
                 f"{torch._dynamo.utils.counters['stats']['unique_graphs']} graph(s)")
-        if times and state["times"]:
-            note += f", compiled/eager time {statistics.median(times) / statistics.median(state['times']):.2f}x"
+        if times:
+            note += f", compiled/eager time {paired_ratio(times, samples['eager']):.2f}x"
         return row_status(math.isfinite(first), problems, known, note)
 
     def peer_row() -> tuple[str, str]:
@@ -706,10 +719,17 @@ def check_training(name: str, preset: str, overrides: dict, ctx: Context, args: 
             times: list[float] = []
             note = "not timed: fla refuses the gated delta rule's backward on Hopper with Triton < 3.7.1"
         else:
-            first, times, _ = train_steps(peer, state["batch"], steps, ctx)
+            first, step, _ = first_step(peer, state["batch"], ctx)
+            if "step" in state:
+                with ops_backend("auto"):
+                    samples = time_steps(steps, rotarium=state["step"], fla=step)
+            else:
+                samples = time_steps(steps, fla=step)
+            del step
+            times = samples["fla"]
             note = speed(times, B * T, state.get("flops"), peak)
-            if times and state.get("times"):
-                note += f", rotarium/fla time {statistics.median(state['times']) / statistics.median(times):.2f}x"
+            if times and "rotarium" in samples:
+                note += f", rotarium/fla time {paired_ratio(samples['rotarium'], times):.2f}x"
         if "loss" not in state:
             return "SKIP", f"{note}, first loss {first:.4f}; not compared: rotarium's row failed"
         err = abs(first - state["loss"]) / abs(state["loss"])

@@ -254,3 +254,41 @@ def test_fla_peer_computes_what_the_preset_computes(gpu_check, name):
 def test_speed_reports_mfu_from_the_median_step(gpu_check):
     assert gpu_check.speed([0.5, 1.0, 2.0], 1000, flops=1e9, peak=1e13).endswith("MFU 10.0%")
     assert "MFU" not in gpu_check.speed([1.0], 1000, flops=1e9, peak=None)
+
+
+def test_the_training_rows_ratios_pair_steps_timed_in_the_same_rounds(gpu_check, monkeypatch):
+    """compiled/eager and rotarium/fla compare steps timed round-robin beside rotarium's eager step (common's
+    time_rounds and paired_ratio), not rows timed one after another, between which the GPU's speed drifts. On CPU
+    with the tiny sizes, the compiled blocks left eager and fla's peer a copy of rotarium's model."""
+    import argparse
+    import copy
+    import math
+
+    from common import paired_ratio
+
+    from rotarium.configs.presets import preset_config
+
+    timed = []  # (the contenders of a time_rounds call, their samples)
+
+    def time_rounds(fns, repeats=3, warmup=1):
+        samples = real_time_rounds(fns, repeats, warmup)
+        timed.append((dict(fns), samples))
+        return samples
+
+    real_time_rounds = gpu_check.time_rounds
+    monkeypatch.setattr(gpu_check, "time_rounds", time_rounds)
+    monkeypatch.setattr(gpu_check, "preset_config",
+                        lambda preset, **overrides: preset_config(preset, **gpu_check.tiny_sizes(overrides, 1)))
+    monkeypatch.setattr(gpu_check, "compile_blocks", lambda model, backend: None)
+    monkeypatch.setattr(gpu_check, "build_peer", lambda ours, device, **options: copy.deepcopy(ours))
+    report = gpu_check.Report(math.inf, [])
+    gpu_check.check_training("gla-370m", "gla-370m", {}, gpu_check.Context("cpu", "gpu"),
+                             argparse.Namespace(batch=1, seq_len=16, steps=2), report)
+    assert [sorted(fns) for fns, _ in timed] == [["rotarium"], ["compiled", "eager"], ["fla", "rotarium"]]
+    eager = timed[0][0]["rotarium"]
+    assert timed[1][0]["eager"] is eager and timed[2][0]["rotarium"] is eager
+    assert all(len(times) == 2 for _, samples in timed for times in samples.values())
+    notes = [note for _, _, note in report.rows]
+    compiled, fla = timed[1][1], timed[2][1]
+    assert f"compiled/eager time {paired_ratio(compiled['compiled'], compiled['eager']):.2f}x" in notes[1]
+    assert f"rotarium/fla time {paired_ratio(fla['rotarium'], fla['fla']):.2f}x" in notes[2]
