@@ -354,7 +354,7 @@ CALLS: dict[str, Callable[[dict, str], object]] = {
     "fused_recurrent_delta_rule": lambda x, be: ops.fused_recurrent_delta_rule(x["q"], x["k"], x["v"], x["beta"],
                                                                                **_state(x), backend=be),
     "fused_recurrent_gated_delta_rule": lambda x, be: ops.fused_recurrent_gated_delta_rule(
-        x["q"], x["k"], x["v"], x["g_head"], x["beta"], **_state(x), backend=be),
+        x["q"], x["k"], x["v"], x["g_head"], beta=x["beta"], **_state(x), backend=be),
     "forgetting_attn_with_cache": lambda x, be: ops.forgetting_attn_with_cache(
         x["q"], x["k"], x["v"], x["q_cumsum"], x["k_cumsum"], attention_mask=x["mask"], backend=be),
     "fused_linear_cross_entropy_loss": lambda x, be: ops.fused_linear_cross_entropy_loss(

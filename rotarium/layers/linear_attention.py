@@ -242,9 +242,11 @@ class DeltaNet(LinearAttentionMixer):
         step_wise = self.runs_step_wise(recurrent, enc, g, beta)
         if g is None:
             kernel = fused_recurrent_delta_rule if step_wise else chunk_delta_rule
-            args = (enc.q, enc.k, enc.v, beta)
+            gate = {}
         else:
             kernel = fused_recurrent_gated_delta_rule if step_wise else chunk_gated_delta_rule
-            args = (enc.q, enc.k, enc.v, g, beta)
+            gate = {"g": g}
         extra = {} if step_wise else {"cu_seqlens": seq.cu_seqlens, "cu_seqlens_cpu": seq.cu_seqlens_cpu}
-        return kernel(*args, initial_state=recurrent, output_final_state=use_cache, **extra)
+        # beta by name: the fused gated op takes fla's gk and gv before it
+        return kernel(enc.q, enc.k, enc.v, beta=beta, initial_state=recurrent, output_final_state=use_cache, **gate,
+                      **extra)

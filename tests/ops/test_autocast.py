@@ -36,7 +36,7 @@ CASES = {
         x["q"][:, :5], x["k"][:, :5], x["v"][:, :5], gk=x["g_channel"][:, :5], initial_state=x["h0"],
         output_final_state=True),
     "fused_recurrent_gated_delta_rule": lambda x: ops.fused_recurrent_gated_delta_rule(
-        x["q"][:, :5], x["k"][:, :5], x["v"][:, :5], x["g_head"][:, :5], x["beta"][:, :5], initial_state=x["h0"],
+        x["q"][:, :5], x["k"][:, :5], x["v"][:, :5], x["g_head"][:, :5], beta=x["beta"][:, :5], initial_state=x["h0"],
         output_final_state=True),
     "forgetting_attn_with_cache": lambda x: ops.forgetting_attn_with_cache(
         x["q"][:, -3:], x["k"], x["v"], x["g_head"].cumsum(1)[:, -3:], x["g_head"].cumsum(1)),

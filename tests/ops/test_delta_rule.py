@@ -29,8 +29,8 @@ OPS = {**GATED, **PLAIN}
 
 def call(op, x, **kwargs):
     """Runs any of the four ops (or a gated oracle with the same argument order) on the inputs dict ``x``."""
-    if op in GATED.values() or op is naive_gated_delta_rule:
-        return op(x["q"], x["k"], x["v"], x["g"], x["beta"], initial_state=x.get("h0"), **kwargs)
+    if op in GATED.values() or op is naive_gated_delta_rule:  # fla's fused op has gk and gv before beta
+        return op(x["q"], x["k"], x["v"], g=x["g"], beta=x["beta"], initial_state=x.get("h0"), **kwargs)
     return op(x["q"], x["k"], x["v"], x["beta"], initial_state=x.get("h0"), **kwargs)
 
 
@@ -199,6 +199,28 @@ def test_fused_recurrent_beta_defaults_to_ones():
     o, _ = fused_recurrent_gated_delta_rule(x["q"], x["k"], x["v"], beta=x["beta"])
     plain, _ = fused_recurrent_delta_rule(x["q"], x["k"], x["v"], x["beta"])
     assert_close_at_scale(o, plain, 1e-6)
+
+
+def test_fused_recurrent_gated_delta_rule_takes_flas_positional_order():
+    """fla's order, gk and gv before beta: a positional call written for fla's op gives what keywords give. The
+    per-key and per-value gates, which rotarium's kernels do not implement, are refused by name."""
+    import inspect
+
+    from fla.ops.gated_delta_rule import fused_recurrent_gated_delta_rule as fla_op
+
+    ours = list(inspect.signature(fused_recurrent_gated_delta_rule).parameters)
+    assert ours[:11] == list(inspect.signature(fla_op).parameters)[:11]
+    x = make_inputs(T=9)
+    by_name = fused_recurrent_gated_delta_rule(x["q"], x["k"], x["v"], g=x["g"], beta=x["beta"], scale=0.3,
+                                               initial_state=x["h0"], output_final_state=True,
+                                               use_qk_l2norm_in_kernel=True)
+    positional = fused_recurrent_gated_delta_rule(x["q"], x["k"], x["v"], x["g"], None, None, x["beta"], 0.3, x["h0"],
+                                                  True, True)
+    for got, expected in zip(positional, by_name):
+        assert torch.equal(got, expected)
+    for name, gate in (("gk", torch.zeros(2, 9, 2, 16)), ("gv", torch.zeros(2, 9, 2, 32))):
+        with pytest.raises(ValueError, match=f"`{name}`.*use `g`"):
+            fused_recurrent_gated_delta_rule(x["q"], x["k"], x["v"], x["g"], beta=x["beta"], **{name: gate})
 
 
 @pytest.mark.parametrize("g_value, beta_value", [(-20.0, 1e-4), (-20.0, 1 - 1e-4), (-1e-6, 1e-4), (-1e-6, 1 - 1e-4)])

@@ -57,7 +57,8 @@ CASES = {
     "fused_recurrent_gated_delta_rule": ("fla.ops.gated_delta_rule",
                                          "fused_recurrent_gated_delta_rule",
                                          lambda x: ops.fused_recurrent_gated_delta_rule(
-                                             x["q"], x["k"], x["v"], x["g_head"], x["beta"], initial_state=x["h0"],
+                                             x["q"], x["k"], x["v"], x["g_head"], beta=x["beta"],
+                                             initial_state=x["h0"],
                                              output_final_state=True)),
     "parallel_forgetting_attn": ("fla.ops.forgetting_attn",
                                  "parallel_forgetting_attn",

@@ -80,7 +80,7 @@ CALLS = {
         lambda x: naive_delta_rule(x["q"], x["k"], x["v"], x["beta"], initial_state=x["h0"],
                                    output_final_state=True)),
     "fused_recurrent_gated_delta_rule": (
-        lambda x: ops.fused_recurrent_gated_delta_rule(x["q"], x["k"], x["v"], x["g"], x["beta"],
+        lambda x: ops.fused_recurrent_gated_delta_rule(x["q"], x["k"], x["v"], x["g"], beta=x["beta"],
                                                        initial_state=x["h0"], output_final_state=True),
         lambda x: naive_gated_delta_rule(x["q"], x["k"], x["v"], x["g"], x["beta"], initial_state=x["h0"],
                                          output_final_state=True)),

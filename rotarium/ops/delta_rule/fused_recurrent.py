@@ -73,6 +73,8 @@ def fused_recurrent_gated_delta_rule(
     k: torch.Tensor,
     v: torch.Tensor,
     g: torch.Tensor | None = None,
+    gk: torch.Tensor | None = None,
+    gv: torch.Tensor | None = None,
     beta: torch.Tensor | None = None,
     scale: float | None = None,
     initial_state: torch.Tensor | None = None,
@@ -87,6 +89,8 @@ def fused_recurrent_gated_delta_rule(
     Args:
         q, k: ``[B, T, H, K]``; v: ``[B, T, H, V]``.
         g: per-head log decay ``[B, T, H]`` (<= 0), None for no decay.
+        gk, gv: fla's per-key and per-value log decays, in fla's positions so that a positional call written for
+            fla's op binds the same arguments here; rotarium's kernels do not implement them, and refuse a tensor.
         beta: ``[B, T, H]``, None for ones (as fla).
         scale, initial_state, output_final_state, use_qk_l2norm_in_kernel, cu_seqlens, backend:
             as :func:`rotarium.ops.delta_rule.chunk_gated_delta_rule`.
@@ -96,6 +100,12 @@ def fused_recurrent_gated_delta_rule(
         The PyTorch path is differentiable; fla's kernel is for inference (why:
         :data:`rotarium.ops.backend.FLA_KERNELS`), so the mixers train through states with the chunked ops.
     """
+    for name, gate, per in (("gk", gk, "key"), ("gv", gv, "value")):
+        if gate is not None:
+            raise ValueError(f"fused_recurrent_gated_delta_rule: `{name}` (fla's per-{per} log decay) is not "
+                             "implemented by rotarium's kernels, which decay each head as a whole: use `g` "
+                             "([B, T, H]), or rotarium.ops.fused_recurrent_gla / chunk_gla for a per-key decay "
+                             "(gated linear attention, without the delta rule)")
     check_delta_rule_inputs(q, k, v, g, beta, initial_state, cu_seqlens)
     scale = q.shape[-1] ** -0.5 if scale is None else scale
     kernel = FLA_KERNELS["fused_recurrent_gated_delta_rule"]
