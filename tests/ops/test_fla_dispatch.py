@@ -92,6 +92,27 @@ def test_op_calls_the_installed_fla_kernel_with_its_own_signature(name, monkeypa
         assert calls[0]["initial_state"].shape == (B, H, K, V)
 
 
+# Each op of rotarium.ops and fla's kernel of the same name.
+FLA_NAMESAKES = {**{name: case[:2] for name, case in CASES.items() if hasattr(ops, name)},
+                 "fused_linear_cross_entropy_loss": ("fla.modules.fused_linear_cross_entropy",
+                                                     "fused_linear_cross_entropy_loss")}
+
+
+def positional_names(fn) -> list[str]:
+    return [p.name for p in inspect.signature(fn).parameters.values()
+            if p.kind in (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)]
+
+
+@pytest.mark.parametrize("name", list(FLA_NAMESAKES))
+def test_op_takes_positional_arguments_in_flas_order(name):
+    """A positional call written for fla's kernel binds the same arguments in ours or is refused (too many
+    positional arguments): our positional parameters are fla's first ones, in its order, and the rest keyword-only
+    (fla puts options rotarium does not have, such as state_v_first, before cu_seqlens)."""
+    module, kernel = FLA_NAMESAKES[name]
+    ours = positional_names(getattr(ops, name))
+    assert ours == positional_names(getattr(importlib.import_module(module), kernel))[:len(ours)]
+
+
 @pytest.mark.parametrize(("backend", "requires_grad", "grad_enabled", "to_torch"), [
     ("auto", True, True, True),    # training where fla would refuse the backward: our kernel instead
     ("auto", False, True, False),  # inference keeps fla's forward, which fla runs correctly

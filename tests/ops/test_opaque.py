@@ -68,8 +68,8 @@ def test_fla_kernels_enter_the_graph_as_one_operator(monkeypatch):
 
     @torch.compiler.disable  # as fla's own kernels are
     def fla_stand_in(q, k, v, g, scale, initial_state, output_final_state, cu_seqlens, cu_seqlens_cpu):
-        return ops.chunk_gla(q, k, v, g, scale, initial_state, output_final_state, cu_seqlens, cu_seqlens_cpu,
-                             backend="torch")
+        return ops.chunk_gla(q, k, v, g, scale, initial_state, output_final_state, cu_seqlens=cu_seqlens,
+                             cu_seqlens_cpu=cu_seqlens_cpu, backend="torch")
 
     monkeypatch.setattr(fla.ops.gla, "chunk_gla", fla_stand_in)
     inputs = gla_inputs()

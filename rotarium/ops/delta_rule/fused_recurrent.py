@@ -80,8 +80,8 @@ def fused_recurrent_gated_delta_rule(
     initial_state: torch.Tensor | None = None,
     output_final_state: bool = False,
     use_qk_l2norm_in_kernel: bool = False,
+    *,  # fla has options rotarium does not take here (use_gate_in_kernel, A_log, ...), before cu_seqlens
     cu_seqlens: torch.LongTensor | None = None,
-    *,
     backend: str | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Gated delta rule, step by step: ``S_t = exp(g_t) (I - beta_t k_t k_t^T) S_{t-1} + beta_t k_t v_t^T``.

@@ -48,8 +48,8 @@ def fused_recurrent_gla(
     initial_state: torch.Tensor | None = None,
     output_final_state: bool = False,
     reverse: bool = False,
+    *,  # fla has state_v_first here, before cu_seqlens
     cu_seqlens: torch.LongTensor | None = None,
-    *,
     backend: str | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Gated linear attention, token by token: ``S_t = diag(exp(gk_t)) S_{t-1} diag(exp(gv_t)) + k_t v_t^T``,
