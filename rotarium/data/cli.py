@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import argparse
 
-from rotarium.data.config import DEFAULT_SEED, DataSection
+from rotarium.data.config import DEFAULT_SEED, LOCAL_KINDS, DataSection
 
 
 def add_commands(subparsers: argparse._SubParsersAction) -> None:
@@ -15,7 +15,7 @@ def add_commands(subparsers: argparse._SubParsersAction) -> None:
                     "a validation split held out by document, the tokenizer and metadata.json (written last). A "
                     "killed prepare continues from its last complete shard when rerun with the same arguments.")
     prepare.add_argument("source", metavar="SOURCE",
-                         help="embedded | a .txt/.jsonl/.json/.parquet file or folder | a Hub dataset name")
+                         help=f"embedded | a {LOCAL_KINDS} file or folder | a Hub dataset name")
     prepare.add_argument("out", metavar="OUT", help="the prepared folder (new, empty, or an unfinished prepare of "
                                                     "the same arguments)")
     prepare.add_argument("--tokenizer", default=None, metavar="NAME",

@@ -6,15 +6,19 @@ from pathlib import Path
 
 # The seed that splits documents into training and validation when a run does not name one (``train.seed``).
 DEFAULT_SEED = 0
+# The local files a source may be or hold, by suffix, and the reader of each.
+LOCAL_FORMATS = {".txt": "text", ".text": "text", ".md": "text", ".jsonl": "json", ".json": "json",
+                 ".parquet": "parquet"}
+LOCAL_KINDS = "/".join(LOCAL_FORMATS)
 
 
 @dataclass
 class DataSection:
-    """``source``: ``embedded`` (the standard library's documentation topics), a local .txt/.jsonl/.json/.parquet
-    file or folder, a folder written by ``rotarium prepare`` (docs/data.md; ``prepare``: the arguments that write
+    """``source``: ``embedded`` (the standard library's documentation topics), a local file or folder of
+    :data:`LOCAL_FORMATS`, a folder written by ``rotarium prepare`` (docs/data.md; ``prepare``: the arguments that write
     it), or a Hub dataset name (read with streaming when ``streaming``)."""
     source: str = field(default="embedded", metadata={
-        "help": "embedded (no download) | a .txt/.jsonl/.json/.parquet file or folder | a folder written by "
+        "help": f"embedded (no download) | a {LOCAL_KINDS} file or folder | a folder written by "
                 "`rotarium prepare` | a Hub dataset name"})
     prepare: str | None = field(default=None, metadata={
         "help": "the arguments (SOURCE OUT [options]) of the `rotarium prepare` whose OUT is data.source (a "

@@ -9,12 +9,9 @@ from pathlib import Path
 
 import torch
 
-from rotarium.data.config import DataSection
+from rotarium.data.config import LOCAL_FORMATS, LOCAL_KINDS, DataSection
 
 logger = logging.getLogger(__name__)
-
-LOCAL_FORMATS = {".txt": "text", ".text": "text", ".md": "text", ".jsonl": "json", ".json": "json",
-                 ".parquet": "parquet"}
 
 
 def embedded_documents() -> list[str]:
@@ -39,7 +36,7 @@ def _local_files(source: str) -> tuple[str, list[str]]:
     path = Path(source)
     files = sorted(p for p in path.rglob("*") if p.suffix in LOCAL_FORMATS) if path.is_dir() else [path]
     if not files:
-        raise ValueError(f"`data.source={source}`: no {'/'.join(LOCAL_FORMATS)} files in that folder")
+        raise ValueError(f"`data.source={source}`: no {LOCAL_KINDS} files in that folder")
     kinds: dict[str | None, Path] = {}
     for p in files:
         kinds.setdefault(LOCAL_FORMATS.get(p.suffix), p)

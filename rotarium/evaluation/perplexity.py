@@ -22,8 +22,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
-from rotarium.data.config import DEFAULT_SEED, DataSection
-from rotarium.data.documents import LOCAL_FORMATS, held_out_documents, iter_documents
+from rotarium.data.config import DEFAULT_SEED, LOCAL_KINDS, DataSection
+from rotarium.data.documents import held_out_documents, iter_documents
 from rotarium.data.heldout import RECORD_KEY as HELD_OUT_RECORD
 from rotarium.data.heldout import (
     check_held_out,
@@ -242,7 +242,7 @@ class Perplexity(EvalTask):
         Flag("--data", {"default": None, "help": (
             "'validation': the documents the checkpoint's training run held out, checked against the record the run "
             "kept of them (default); 'embedded': the embedded corpus; a prepared folder (its validation split); or a "
-            f"local {'/'.join(LOCAL_FORMATS)} file or folder")}),
+            f"local {LOCAL_KINDS} file or folder")}),
         Flag("--allow-data-change", {"action": "store_true", "help": (
             "score the run's held-out documents derived from its source as it is now, although the source changed "
             "since training (they may then include documents the run trained on; without it such an evaluation is "

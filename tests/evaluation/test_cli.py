@@ -3,7 +3,6 @@ told otherwise."""
 from __future__ import annotations
 
 import argparse
-import re
 
 import pytest
 import torch
@@ -33,12 +32,3 @@ def test_evaluation_loads_bfloat16_on_cuda_by_default(device, requested, expecte
                         lambda path, device=None, dtype=None: loaded.update(device=device, dtype=dtype))
     eval_cli.load_for(argparse.Namespace(model="m", device=device, dtype=requested))
     assert loaded == {"device": device, "dtype": expected}
-
-
-def test_eval_data_help_names_every_file_kind_it_reads():
-    from rotarium.cli import build_parser
-    from rotarium.data.documents import LOCAL_FORMATS
-
-    subparsers = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
-    data = next(a for a in subparsers.choices["eval"]._actions if "--data" in a.option_strings)
-    assert set(re.findall(r"\.[a-z]+\b", data.help)) == set(LOCAL_FORMATS), data.help  # .json is no .jsonl
