@@ -67,8 +67,20 @@ def make_accelerator(train: TrainSection, project_dir: str | os.PathLike) -> Acc
 
     precision = resolve_precision(train.mixed_precision)
     on_cpu = not has_accelerator()
-    accelerator = Accelerator(mixed_precision=precision, log_with=train.report_to or None,
-                              project_dir=str(Path(project_dir)), cpu=on_cpu)
+    try:
+        accelerator = Accelerator(mixed_precision=precision, log_with=train.report_to or None,
+                                  project_dir=str(Path(project_dir)), cpu=on_cpu)
+    except ValueError as error:
+        if "already been initialized" not in str(error):
+            raise
+        # accelerate keeps one precision per process: an earlier trainer here (TRL's configs default to bf16) set it
+        from accelerate.state import AcceleratorState
+
+        raise ValueError(
+            f"train.mixed_precision={train.mixed_precision!r} needs accelerate's {precision!r}, but an earlier "
+            f"trainer in this Python process set {AcceleratorState().mixed_precision!r}, which accelerate keeps for "
+            "the whole process: run `rotarium train` in a process of its own, or reset accelerate's state first "
+            "(accelerate.state.AcceleratorState._reset_state(reset_partial_state=True))") from None
     if on_cpu and precision == "bf16" and accelerator.is_main_process:
         report_cpu_bf16(read_cpuinfo())
     if on_cpu and fsdp_requested() and accelerator.num_processes > 1:

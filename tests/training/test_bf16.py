@@ -76,3 +76,15 @@ def test_a_bf16_run_on_cpu_trains_under_autocast(corpus, tmp_path, monkeypatch, 
     assert sorted(trained) == [1, 2, 3, 4]
     assert all(math.isfinite(loss) for loss in trained.values()), trained
     assert math.isfinite(losses(run_dir, "val_loss")[4])
+
+
+def test_a_run_after_a_trainer_of_another_precision_in_the_process_says_what_to_do(tmp_path, fresh_accelerate_state):
+    """accelerate keeps the first Accelerator's precision for the whole process (TRL's configs default to bf16):
+    the run's error names the setting, the precision found and the ways out, not only accelerate's."""
+    from accelerate import Accelerator
+
+    from rotarium.training.config import TrainSection
+
+    Accelerator(mixed_precision="bf16", cpu=True)
+    with pytest.raises(ValueError, match=r"train.mixed_precision='no'.*earlier trainer.*'bf16'.*process of its own"):
+        accelerator.make_accelerator(TrainSection(mixed_precision="no"), tmp_path)
