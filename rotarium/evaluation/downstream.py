@@ -180,10 +180,23 @@ def evaluate_tasks(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, s
         groups.setdefault(count, []).append(task)
     from rotarium.data.batches import document_start
 
+    class DocumentLM(HFLM):
+        """``HFLM`` whose rolling log-likelihood scores a text's own tokens after its prefix token. lm-eval encodes
+        the text with the tokenizer's template there, so a template that starts a text with a bos (Llama's) put it
+        after the prefix: the model read ``[bos, bos, text]`` and the second bos was scored as the text's first
+        token. Its other requests keep the template (a context starts with its bos, as a training document)."""
+
+        def loglikelihood_rolling(self, requests, disable_tqdm: bool = False) -> list[float]:
+            kept, self.add_bos_token = self.add_bos_token, False  # what its tok_encode reads for the template
+            try:
+                return super().loglikelihood_rolling(requests, disable_tqdm=disable_tqdm)
+            finally:
+                self.add_bos_token = kept
+
     # lm-eval scores a text from nothing (a rolling log-likelihood, an empty context) after its prefix token, the
     # tokenizer's bos by default, which training may never show: the token a document starts after in training
-    lm = HFLM(pretrained=model, tokenizer=tokenizer, backend="causal", batch_size=batch_size,
-              prefix_token_id=document_start(tokenizer))
+    lm = DocumentLM(pretrained=model, tokenizer=tokenizer, backend="causal", batch_size=batch_size,
+                    prefix_token_id=document_start(tokenizer))
     merged: dict[str, Any] = {}
     for count, names in groups.items():
         try:

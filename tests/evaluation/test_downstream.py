@@ -150,6 +150,31 @@ def test_lm_eval_starts_a_text_where_training_starts_a_document(tiny_model, toke
     assert seen == [tokenizer.bos_token_id if bos else tokenizer.eos_token_id]
 
 
+@pytest.mark.parametrize("bos", [False, True], ids=["no-bos", "template-bos"])
+def test_a_rolling_log_likelihood_scores_each_token_of_the_text_once_after_the_document_start(tiny_model, tokenizer,
+                                                                                              bos, monkeypatch):
+    """WikiText's perplexity: the sum of log p over the text's own tokens, each once, after the token a training
+    document starts after. lm-eval encodes the text with the tokenizer's template before putting its prefix token
+    first: with Llama's (a bos), the model would read [bos, bos, text] and the second bos would be scored too."""
+    import lm_eval
+    from lm_eval.api.instance import Instance
+
+    from rotarium.data.batches import document_start
+    from tests.evaluation.test_eval_framing import with_bos
+
+    tokenizer = with_bos(tokenizer) if bos else tokenizer
+    text = TEXTS[0]
+    scored = []
+    monkeypatch.setattr(lm_eval, "simple_evaluate", lambda **kw: scored.extend(kw["model"].loglikelihood_rolling(
+        [Instance("loglikelihood_rolling", {}, (text,), 0)], disable_tqdm=True)) or {})
+    downstream.evaluate_tasks(tiny_model, tokenizer, {"tiny_text": 0}, None, batch_size=2)
+    ids = [document_start(tokenizer), *tokenizer(text, add_special_tokens=False)["input_ids"]]
+    with torch.no_grad():
+        logp = torch.log_softmax(tiny_model(torch.tensor([ids])).logits[0].double(), -1)
+    expected = sum(float(logp[i - 1, ids[i]]) for i in range(1, len(ids)))
+    assert scored == [pytest.approx(expected, rel=1e-5)]
+
+
 @pytest.mark.slow
 def test_lm_eval_imports_and_indexes_its_tasks_offline(monkeypatch):
     for key, value in OFFLINE.items():
