@@ -21,6 +21,10 @@ produced says nothing about that regime.
 The spread is the largest range over the seeds of any compared column at the claim's length, in the claim's units
 (for a relative scale, the range over the column's median): an effect no larger than how much one seed's model
 differs from another's is not one the seeds can tell.
+
+A cell that is not a finite number (a diverged run's NaN) is not measured, as a missing one. Amounts equal to within
+floating-point rounding are equal (0.29 - 0.28 is one point, as 0.58 - 0.57 is): a lead of exactly the margin counts,
+one of exactly the spread does not.
 """
 from __future__ import annotations
 
@@ -55,6 +59,9 @@ DEGRADES = 1.5
 # The seeds a verdict needs: a seed counts only by more than the seeds' spread, which one seed does not have and two
 # barely sample; results are evidence only with three or more seeds (docs/results.md).
 MIN_SEEDS = 3
+# The relative rounding under which two amounts are one: differences of the tables' numbers (0.29 - 0.28 =
+# 0.0099999...) land a few ulps off the amount they are.
+ROUNDING = 1e-9
 
 Table = Mapping[str, Mapping[int, float]]  # column -> seed -> number
 
@@ -88,7 +95,22 @@ class Scale:
         return _span(xs, self.amount, " to ")
 
     def reaches(self, value: float, threshold: float) -> bool:
-        return value <= threshold if self.lower_is_better else value >= threshold
+        return _at_least(threshold, value) if self.lower_is_better else _at_least(value, threshold)
+
+
+def _at_least(x: float, bound: float) -> bool:
+    """``x >= bound``, ``x`` within rounding (:data:`ROUNDING`) of ``bound`` included."""
+    return x >= bound or math.isclose(x, bound, rel_tol=ROUNDING)
+
+
+def _more_than(x: float, bound: float) -> bool:
+    """``x > bound`` by more than rounding (:data:`ROUNDING`)."""
+    return not _at_least(bound, x)
+
+
+def _finite(table: Table) -> dict[str, dict[int, float]]:
+    """``table`` without its cells that are not finite numbers (a diverged run's NaN): they are not measured."""
+    return {column: {s: v for s, v in cells.items() if math.isfinite(v)} for column, cells in table.items()}
 
 
 @dataclass(frozen=True)
@@ -187,6 +209,7 @@ def decide(option: str, against: Sequence[str], at: Table, scale: Scale, *, trai
     claim instead (``option`` reaches it, every other column stays short); ``bounds``: the floors and ceilings of a
     cell; ``precondition``: what the paper's claim relies on. The checks and their order: the module's docstring."""
     columns = (option, *against)
+    at, train = _finite(at), None if train is None else _finite(train)
     seeds = sorted(set.intersection(*(set(at.get(c, {})) for c in columns)))
     n = len(seeds)
     if not seeds:
@@ -217,17 +240,17 @@ def decide(option: str, against: Sequence[str], at: Table, scale: Scale, *, trai
 
     effect = {s: gap(at, s) for s in seeds}
     spread = max(scale.spread([at[c][s] for s in seeds]) for c in columns)
-    ahead = [s for s in seeds if effect[s] >= scale.margin]
+    ahead = [s for s in seeds if _at_least(effect[s], scale.margin)]
     lead = f"{option} ahead of {_names(against)} ({scale.name}) by {scale.span(list(effect.values()))}"
     paired = [s for s in seeds if train is not None and all(s in train.get(c, {}) for c in columns)]
     growth = {s: effect[s] - gap(train, s) for s in paired}
     # a seed without cells at the training length cannot show its gap widening
-    widened = {s: not paired or growth.get(s, -math.inf) >= scale.margin for s in seeds}
+    widened = {s: not paired or _at_least(growth.get(s, -math.inf), scale.margin) for s in seeds}
     if paired and ahead and not any(widened[s] for s in ahead):
         return Verdict(IN_DISTRIBUTION_ONLY, len(ahead), n,
                        f"{lead}, ahead in {len(ahead)}/{n} seeds, but no wider than at the training length: the gap "
                        f"grows by {scale.span(list(growth.values()))}, under the margin {scale.amount(scale.margin)}")
-    held = sum(s in ahead and effect[s] > spread and widened[s] for s in seeds)
+    held = sum(s in ahead and _more_than(effect[s], spread) and widened[s] for s in seeds)
     wider = " and a gap wider than at the training length by the margin" if paired else ""
     return Verdict(_outcome(held, n), held, n,
                    f"{lead}; a seed counts with at least {scale.amount(scale.margin)}, more than the seeds' spread "

@@ -219,3 +219,35 @@ def test_the_checks_run_in_order_floor_then_regime_then_in_distribution_then_see
     present = yarn_regime((100.0, 100.0, 100.0), (200.0, 200.0, 200.0))
     assert decide("rove", ("rope",), at, PERPLEXITY, train=at, precondition=present).category == (
         IN_DISTRIBUTION_ONLY)
+
+
+def test_a_cell_that_is_not_a_number_is_not_measured_whatever_the_column_order():
+    """A diverged run's NaN perplexity is no measurement: its seed is left out as a missing cell's is, and neither the
+    order of the other columns nor the spread (NaN beside numbers) decides the verdict."""
+    nan = math.nan
+    at = {"rove": seeds(100.0, 101.0, 100.5, 100.2), "rope": seeds(150.0, 151.0, 152.0, 150.5),
+          "nope": seeds(nan, 160.0, 161.0, 160.5)}
+    for against in (("rope", "nope"), ("nope", "rope")):
+        assert str(decide("rove", against, at, PERPLEXITY)) == "holds (3/3 seeds)"
+    # in the option's own column, and in the cells at the training length (a seed without them cannot widen)
+    at = {"rove": seeds(nan, 101.0, 100.5, 100.2), "rope": seeds(150.0, 151.0, 152.0, 150.5)}
+    assert str(decide("rove", ("rope",), at, PERPLEXITY)) == "holds (3/3 seeds)"
+    train = {"rove": seeds(120.0, 120.0, nan, 120.0), "rope": seeds(150.0, 151.0, 152.0, 150.5)}
+    assert str(decide("rove", ("rope",), at, PERPLEXITY, train=train)) == "mixed (2/3 seeds)"
+    # too few seeds left with numbers
+    at["rope"] = seeds(150.0, nan, 152.0, nan)
+    assert decide("rove", ("rope",), at, PERPLEXITY).category == NOT_MEASURED
+
+
+@pytest.mark.parametrize(("option", "other"), [((0.29, 0.291, 0.292), (0.28, 0.281, 0.282)),
+                                               ((0.58, 0.581, 0.582), (0.57, 0.571, 0.572))])
+def test_a_lead_of_exactly_the_margin_counts_whatever_the_rounding_of_the_difference(option, other):
+    """0.29 - 0.28 is 0.00999... in binary floating point, 0.58 - 0.57 is 0.01000...: both are one point, which the
+    rules count ("at least the margin"); and a lead of exactly the seeds' spread does not ("more than")."""
+    at = {"rove": seeds(*option), "rope": seeds(*other)}
+    assert str(decide("rove", ("rope",), at, ACCURACY)) == "holds (3/3 seeds)"
+    train = {"rove": seeds(0.5, 0.5, 0.5), "rope": seeds(0.5, 0.5, 0.5)}  # a gap of 0 at the training length
+    assert str(decide("rove", ("rope",), at, ACCURACY, train=train)) == "holds (3/3 seeds)"
+    assert str(decide("rove", ("rope",), at, ACCURACY, solved=option[0])) == "holds (3/3 seeds)"
+    spread = {"rove": seeds(0.22, 0.23, 0.24), "rope": seeds(0.20, 0.21, 0.22)}  # ahead by 2 points, spread 2 points
+    assert str(decide("rove", ("rope",), spread, ACCURACY)) == "does not hold (0/3 seeds)"
