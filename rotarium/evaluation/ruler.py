@@ -452,9 +452,12 @@ def _vt(num_chains: int = 1, num_hops: int = 4):
         def context(draft: Draft, size: int, chain_lines, chain_positions) -> None:
             units = [NOISE] * size
             for lines, fractions in zip(chain_lines, chain_positions):
-                # RULER inserts each line before a distinct noise unit drawn at random, keeping the chain's order
-                at = [min(int(f * size), size - 1) for f in fractions]
-                units = _place(units, [(a / size, line) for a, line in zip(at, lines)])
+                # RULER inserts each line before a distinct noise unit drawn at random, keeping the chain's order:
+                # line j before unit int(f_j * (units - lines + 1)) + j for the sorted fractions f, distinct units
+                # (a noise line between two of the chain's lines, and after its last)
+                free = len(units) - len(lines) + 1
+                at = [int(f * free) + j for j, f in enumerate(fractions)]
+                units = _place(units, [(a / len(units), line) for a, line in zip(at, lines)])
             draft.lines(units)
 
         def example(size: int) -> str:
@@ -465,7 +468,7 @@ def _vt(num_chains: int = 1, num_hops: int = 4):
             draft.add(tail.format(**fields) + prefix.format(**fields))
             return draft.text
 
-        size = 1
+        size = len(example_lines)  # a noise line for each line of the chain, as RULER's least haystack
         while count(example(size + 1)) <= VT_EXAMPLE_TOKENS:
             size += 1
         shot = example(size) + " " + " ".join(example_names) + "\n"
@@ -479,7 +482,7 @@ def _vt(num_chains: int = 1, num_hops: int = 4):
             return draft
 
         names = chains[0][0]
-        return Plan(build, names, " " + " ".join(names))
+        return Plan(build, names, " " + " ".join(names), min_size=max(len(lines) for _, lines in chains))
 
     return draw
 

@@ -67,7 +67,7 @@ def prompt_tokens(tokenizer, sample: RulerSample, size: int, texts=None) -> int:
 
 @pytest.mark.parametrize("task, lengths", [
     ("niah_single_1", (384, 700)), ("niah_multikey_2", (384, 700)), ("niah_multikey_3", (512, 900)),
-    ("niah_multivalue_noise", (512, 700)), ("niah_multiquery_noise", (512, 700)), ("vt", (850, 1100)),
+    ("niah_multivalue_noise", (512, 700)), ("niah_multiquery_noise", (512, 700)), ("vt", (1000, 1100)),
     ("cwe", (1100, 1300)), ("fwe", (400, 700)),
 ])
 def test_every_prompt_is_the_largest_whole_haystack_within_the_length_less_the_answer_budget(tokenizer, task,
@@ -243,8 +243,21 @@ def test_a_sample_is_a_function_of_seed_task_and_index(tokenizer):
     # one index asks the same question at every length: the haystack alone grows
     longer = make_samples("niah_single_1", tokenizer, 900, 2, seed=1, words=OWN)
     assert [s.answers for s in longer] == [s.answers for s in first]
-    assert [s.answers for s in make_samples("vt", tokenizer, 900, 2, words=OWN)] == \
+    assert [s.answers for s in make_samples("vt", tokenizer, 1000, 2, words=OWN)] == \
         [s.answers for s in make_samples("vt", tokenizer, 1200, 2, words=OWN)]
+
+
+def test_vt_puts_each_line_of_a_chain_before_its_own_noise_line(tokenizer):
+    """RULER inserts a chain's lines before distinct noise lines drawn at random (in the chain's order), so two lines
+    of a chain are never adjacent and a noise line follows the last, in the worked example as in the question; the
+    shorter lengths, with fewer noise lines, are where lines drawn independently would meet."""
+    for length in (1000, 1100):
+        for s in make_samples("vt", tokenizer, length, 8, seed=3, words=OWN):
+            for part in text_of(tokenizer, s).split("Question:")[:2]:
+                lines = part.split("\n")
+                chain = [i for i, line in enumerate(lines) if line.startswith("VAR ")]
+                assert len(chain) == 5
+                assert all(lines[i + 1] == NOISE for i in chain), (length, s.index, lines)
 
 
 def test_lengths_and_names_that_cannot_work_are_refused_naming_the_flag(tokenizer):
@@ -352,8 +365,8 @@ class Oracle(torch.nn.Module):
 
 
 def test_a_model_that_answers_scores_one_and_one_that_does_not_scores_zero(tokenizer):
-    tasks, lengths = ["niah_single_1", "vt", "fwe"], [900]
-    samples = [s for t in tasks for s in make_samples(t, tokenizer, 900, 3, seed=42, words=OWN)]
+    tasks, lengths = ["niah_single_1", "vt", "fwe"], [1000]
+    samples = [s for t in tasks for s in make_samples(t, tokenizer, 1000, 3, seed=42, words=OWN)]
     right = evaluate_ruler(Oracle(samples, len(tokenizer)), tokenizer, tasks, lengths, num_samples=3,
                            batch_size=2, words=OWN, progress=False)
     assert [(r["score"], r["exact_match"]) for r in right["rows"]] == [(1, 1)] * 3
@@ -369,11 +382,11 @@ def test_a_model_that_answers_scores_one_and_one_that_does_not_scores_zero(token
             for name in ("score", "answer_nll", "exact_match"):
                 assert r[f"{name}_low"] <= r[name] <= r[f"{name}_high"]
             assert (r["score_low"], r["score_high"]) == pytest.approx(wilson_interval(r["score"], 3), abs=1e-5)
-            mine = [x for x in report["samples"] if (x["task"], x["context_length"]) == (r["task"], 900)]
+            mine = [x for x in report["samples"] if (x["task"], x["context_length"]) == (r["task"], 1000)]
             assert [x["prompt_tokens"] for x in mine] == [len(s.input_ids) for s in samples if s.task == r["task"]]
             assert r["prompt_tokens_min"] == min(x["prompt_tokens"] for x in mine)
             budget = TASKS[r["task"]].max_new_tokens
-            assert r["prompt_tokens_max"] == max(x["prompt_tokens"] for x in mine) <= 900 - budget
+            assert r["prompt_tokens_max"] == max(x["prompt_tokens"] for x in mine) <= 1000 - budget
             assert all(x["haystack"] > 0 for x in mine)
 
 
@@ -459,14 +472,14 @@ def test_answer_likelihood_on_known_cases(tiny_model):
 def test_eval_ruler_writes_json_table_and_plot(tiny_checkpoint, tmp_path):
     out = tmp_path / "eval"
     result = run_child(["eval", "--model", str(tiny_checkpoint), "--ruler", "niah_single_1,vt", "--context-lengths",
-                        "1024,900", "--samples", "2", "--batch-size", "2", "--output-dir", str(out)])
+                        "1024,1000", "--samples", "2", "--batch-size", "2", "--output-dir", str(out)])
     ok(result)
     assert "| niah_single_1 | " in result.stdout and "RULER score" in result.stdout
     report = json.loads((out / "ruler.json").read_text())
-    assert report["tasks"] == ["niah_single_1", "vt"] and report["context_lengths"] == [900, 1024]
+    assert report["tasks"] == ["niah_single_1", "vt"] and report["context_lengths"] == [1000, 1024]
     assert report["words"] == load_words().name and report["seed"] == 42 and report["train_length"] == 256
     assert [(r["task"], r["context_length"], r["samples"]) for r in report["rows"]] == [
-        ("niah_single_1", 900, 2), ("niah_single_1", 1024, 2), ("vt", 900, 2), ("vt", 1024, 2)]
+        ("niah_single_1", 1000, 2), ("niah_single_1", 1024, 2), ("vt", 1000, 2), ("vt", 1024, 2)]
     assert all(0 <= r["score"] <= 1 and math.isfinite(r["answer_nll"]) for r in report["rows"])
     assert len(report["samples"]) == 8 and {"prediction", "depth", "answers"} <= set(report["samples"][0])
     assert "| vt | " in (out / "ruler.md").read_text()
