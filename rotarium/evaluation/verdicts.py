@@ -222,8 +222,14 @@ def decide(option: str, against: Sequence[str], at: Table, scale: Scale, *, trai
         if why:
             return Verdict(NOT_TESTABLE, 0, n, why)
     if precondition is not None:
-        ratios = [precondition.values[s] / precondition.reference[s] for s in seeds
-                  if s in precondition.values and s in precondition.reference]
+        # a seed whose precondition is not measured (a diverged run's NaN) is not one where the regime is absent
+        values, reference = _finite({"v": precondition.values})["v"], _finite({"r": precondition.reference})["r"]
+        known = [s for s in seeds if s in values and s in reference]
+        if len(known) < MIN_SEEDS:
+            return Verdict(NOT_MEASURED, 0, len(known), f"{len(known)} of the {MIN_SEEDS} seeds a verdict needs have "
+                                                        f"{precondition.what} measured")
+        seeds, n = known, len(known)
+        ratios = [values[s] / reference[s] for s in seeds]
         present = sum(ratio > precondition.factor for ratio in ratios)
         if present < n:
             measured = f", {_span(ratios, '{:.2f}'.format, '-')}x" if ratios else ""

@@ -251,3 +251,17 @@ def test_a_lead_of_exactly_the_margin_counts_whatever_the_rounding_of_the_differ
     assert str(decide("rove", ("rope",), at, ACCURACY, solved=option[0])) == "holds (3/3 seeds)"
     spread = {"rove": seeds(0.22, 0.23, 0.24), "rope": seeds(0.20, 0.21, 0.22)}  # ahead by 2 points, spread 2 points
     assert str(decide("rove", ("rope",), spread, ACCURACY)) == "does not hold (0/3 seeds)"
+
+
+def test_a_seed_whose_precondition_is_not_a_number_is_not_measured():
+    """A diverged RoPE run's NaN perplexity says nothing of whether RoPE degrades: that seed leaves the verdict, and
+    with fewer than three seeds left the claim is not measured, not outside the paper's regime."""
+    at = {"rove+yarn": seeds(50.0, 51.0, 50.5, 50.2), "rove": seeds(80.0, 81.0, 80.5, 80.2),
+          "rope+yarn": seeds(70.0, 71.0, 70.5, 70.2)}
+    degrading = DEGRADES * 100.0 + 1
+    regime = yarn_regime((100.0, 100.0, 100.0, 100.0), (degrading, degrading, degrading, float("nan")))
+    assert str(decide("rove+yarn", ("rove", "rope+yarn"), at, PERPLEXITY, precondition=regime)) == (
+        "holds (3/3 seeds)")
+    regime = yarn_regime((100.0, 100.0, float("nan"), 100.0), (degrading, degrading, degrading, float("nan")))
+    verdict = decide("rove+yarn", ("rove", "rope+yarn"), at, PERPLEXITY, precondition=regime)
+    assert verdict.category == NOT_MEASURED, verdict
