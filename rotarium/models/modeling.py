@@ -264,7 +264,9 @@ class RotariumModel(RotariumPreTrainedModel):
             raise ValueError(f"`{name}` is empty (shape {tuple(x.shape)}): give at least one token per sequence")
         if input_ids is None or not checks_values(input_ids):
             return
-        vocab = self.embed_tokens.num_embeddings
+        # the config's count, which resize_token_embeddings keeps: the embedding may be wrapped (a PEFT adapter,
+        # trainable tokens) in a module that does not show nn.Embedding's attributes
+        vocab = self.config.vocab_size
         outside = input_ids[(input_ids < 0) | (input_ids >= vocab)]
         if outside.numel():
             raise ValueError(f"`input_ids` holds the id {int(outside[0])}, outside the vocabulary of {vocab} tokens "

@@ -3,6 +3,8 @@ projection, the chunked LM loss through ``lm_head``) calls the module instead wh
 expects, so a LoRA adapter on any linear layer trains and its initialisation keeps the model's outputs."""
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -110,3 +112,29 @@ def test_prompt_tuning_on_a_left_padded_batch_generates_what_each_prompt_generat
                  for p in prompts]
     for row, single in zip(together, alone):
         assert torch.equal(row[-6:], single[0, -6:])
+
+
+@pytest.mark.parametrize("trainable_tokens", [False, True], ids=["lora", "trainable_tokens"])
+def test_an_adapter_on_the_embeddings_computes_what_its_merged_model_computes(trainable_tokens):
+    """PEFT wraps the embedding in a module of its own (a LoRA embedding, trainable tokens) that does not show
+    ``nn.Embedding``'s attributes: the model still runs it, on the CPU where the ids' range is checked too, and
+    computes what the adapter merged into the weights computes."""
+    model = tiny_model("gla", "selective_rope")
+    if trainable_tokens:
+        config = LoraConfig(r=RANK, target_modules=["q_proj"], trainable_token_indices=[3, 5, 7])
+    else:
+        config = LoraConfig(r=RANK, lora_alpha=RANK, target_modules=["embed_tokens", "lm_head"],
+                            init_lora_weights=False)
+    adapted = get_peft_model(model, config)
+    with torch.no_grad():
+        for name, p in adapted.named_parameters():
+            if "trainable_tokens_delta" in name:
+                p.normal_(generator=torch.Generator().manual_seed(4))
+    merged = copy.deepcopy(adapted).merge_and_unload()
+    x = ids()
+    with torch.no_grad():
+        for mode in (True, False):
+            got, expected = (m.train(mode)(input_ids=x, labels=x) for m in (adapted, merged))
+            torch.testing.assert_close(got.loss, expected.loss)
+            if not mode:
+                torch.testing.assert_close(got.logits, expected.logits)
