@@ -17,7 +17,7 @@ from __future__ import annotations
 import functools
 import json
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any, ClassVar
 
@@ -617,6 +617,18 @@ class SelectiveRoPE(PositionalEncoding):
         if self._adds_decay:
             self.decay_proj = nn.Linear(mixer_spec.hidden_size, mixer_spec.num_heads, bias=True)
             self.reset_decay()
+
+    def _apply(self, fn: Callable, recurse: bool = True) -> SelectiveRoPE:
+        """``nn.Module``'s, except that the frozen temperatures stay float32 through a dtype cast (``model.to(
+        torch.bfloat16)``, ``.half()``): they are computed constants, as RoPE's frequencies, and every angle
+        ``tau_i * theta_t`` would carry their rounding, growing with theta. ``from_pretrained(dtype=...)`` keeps them
+        float32 too, so both ways give the same model, and a cast model saves the temperatures it was trained with."""
+        frozen = self._buffers.get("tau")
+        super()._apply(fn, recurse)
+        moved = self._buffers.get("tau")
+        if frozen is not None and moved is not None and moved.dtype != torch.float32:
+            self._buffers["tau"] = frozen.to(device=moved.device, dtype=torch.float32)
+        return self
 
     def _gain_shape(self) -> tuple[int, int]:
         return (self.heads, 1) if self.settings.selective_rope_gain_per_head else (self.heads, self.pairs)

@@ -291,6 +291,29 @@ def test_tied_embeddings_resize_and_bfloat16(tmp_path):
     assert untied.lm_head.weight.data_ptr() != untied.model.embed_tokens.weight.data_ptr()
 
 
+
+def test_a_dtype_cast_keeps_selective_ropes_frozen_temperatures(tmp_path):
+    """The frozen temperatures are computed constants, as RoPE's frequencies, which stay float32: ``model.to(dtype)``
+    keeps their float32 values as ``from_pretrained(dtype=...)`` does, so that both give the same model, and a cast
+    model's checkpoint holds the temperatures it was trained with. Learned temperatures are weights, cast with the
+    others."""
+    model = tiny_model("transformer", "selective_rope")
+    temperatures = model.model.layers[0].mixer.positional.tau.clone()
+    model.save_pretrained(tmp_path / "float32")
+    cast = copy.deepcopy(model).to(torch.bfloat16)
+    loaded = AutoModelForCausalLM.from_pretrained(tmp_path / "float32", dtype=torch.bfloat16)
+    cast.save_pretrained(tmp_path / "cast")
+    reloaded = AutoModelForCausalLM.from_pretrained(tmp_path / "cast", dtype=torch.float32)
+    for version in (cast, loaded, reloaded, copy.deepcopy(cast).float()):
+        for block in version.model.layers:
+            assert block.mixer.positional.tau.dtype == torch.float32
+            assert torch.equal(block.mixer.positional.tau, temperatures)
+    ids = torch.randint(2, VOCAB, (2, 12), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        assert torch.equal(cast(ids).logits, loaded(ids).logits)
+    learned = tiny_model("transformer", "selective_rope", selective_rope_learn_temperature=True).to(torch.bfloat16)
+    assert learned.model.layers[0].mixer.positional.tau.dtype == torch.bfloat16
+
 @pytest.mark.parametrize("family", FAMILIES)
 def test_bf16_autocast_training_step_tracks_float32(family):
     """accelerate's bf16 mixed precision on a CPU: the projections run in bf16, the kernels stay float32."""
