@@ -609,7 +609,8 @@ class SelectiveRoPE(PositionalEncoding):
             self.phase_proj = nn.Linear(mixer_spec.hidden_size, self.heads, bias=True)
         tau = self._temperature(settings, mixer_spec.head_k_dim)
         if settings.selective_rope_learn_temperature:
-            self.tau = nn.Parameter(tau)
+            # a weight: in the dtype the model is built in, as every other (from_pretrained(dtype=...))
+            self.tau = nn.Parameter(tau.to(torch.get_default_dtype()))
         else:
             self.register_buffer("tau", tau)  # persistent: a checkpoint keeps the temperatures it was trained with
         self._adds_decay = (settings.selective_rope_decay if settings.selective_rope_decay is not None

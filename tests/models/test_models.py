@@ -292,11 +292,11 @@ def test_tied_embeddings_resize_and_bfloat16(tmp_path):
 
 
 
-def test_a_dtype_cast_keeps_selective_ropes_frozen_temperatures(tmp_path):
+def test_to_dtype_and_from_pretrained_dtype_give_selective_rope_the_same_temperatures(tmp_path):
     """The frozen temperatures are computed constants, as RoPE's frequencies, which stay float32: ``model.to(dtype)``
     keeps their float32 values as ``from_pretrained(dtype=...)`` does, so that both give the same model, and a cast
-    model's checkpoint holds the temperatures it was trained with. Learned temperatures are weights, cast with the
-    others."""
+    model's checkpoint holds the temperatures it was trained with. Learned temperatures are weights: cast, and
+    loaded in the dtype asked, as the others."""
     model = tiny_model("transformer", "selective_rope")
     temperatures = model.model.layers[0].mixer.positional.tau.clone()
     model.save_pretrained(tmp_path / "float32")
@@ -311,8 +311,14 @@ def test_a_dtype_cast_keeps_selective_ropes_frozen_temperatures(tmp_path):
     ids = torch.randint(2, VOCAB, (2, 12), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
         assert torch.equal(cast(ids).logits, loaded(ids).logits)
-    learned = tiny_model("transformer", "selective_rope", selective_rope_learn_temperature=True).to(torch.bfloat16)
-    assert learned.model.layers[0].mixer.positional.tau.dtype == torch.bfloat16
+    learned = tiny_model("transformer", "selective_rope", selective_rope_learn_temperature=True)
+    learned.save_pretrained(tmp_path / "learned")
+    cast = learned.to(torch.bfloat16)
+    loaded = AutoModelForCausalLM.from_pretrained(tmp_path / "learned", dtype=torch.bfloat16)
+    for version in (cast, loaded):
+        assert version.model.layers[0].mixer.positional.tau.dtype == torch.bfloat16
+    with torch.no_grad():
+        assert torch.equal(cast(ids).logits, loaded(ids).logits)
 
 @pytest.mark.parametrize("family", FAMILIES)
 def test_bf16_autocast_training_step_tracks_float32(family):
