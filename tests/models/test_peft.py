@@ -138,3 +138,42 @@ def test_an_adapter_on_the_embeddings_computes_what_its_merged_model_computes(tr
             torch.testing.assert_close(got.loss, expected.loss)
             if not mode:
                 torch.testing.assert_close(got.logits, expected.logits)
+
+
+def _scaled_weight(module: torch.nn.Module) -> None:
+    module.weight.mul_(1.5)
+
+
+def _parametrized(module: torch.nn.Module) -> None:
+    class Scale(torch.nn.Module):
+        def forward(self, weight):
+            return 1.5 * weight
+
+    torch.nn.utils.parametrize.register_parametrization(module, "weight", Scale())
+
+
+def _pre_hook(module: torch.nn.Module) -> None:
+    module.register_forward_pre_hook(lambda m, args: (1.5 * args[0],))
+
+
+def _replaced_forward(module: torch.nn.Module) -> None:  # as accelerate's hooks replace it
+    module.forward = lambda x: F.linear(x, 1.5 * module.weight, module.bias)
+
+
+@pytest.mark.parametrize("wrap", [_parametrized, _pre_hook, _replaced_forward])
+def test_a_parametrized_pre_hooked_or_replaced_layer_is_called_by_the_fused_paths(wrap):
+    """Each way of changing what the LM head and Selective RoPE's decay projection compute without changing their
+    weight gives the model with that weight changed, in the chunked loss and the fused decay as in the logits."""
+    model = tiny_model("transformer", "selective_rope").train()
+    expected, wrapped = copy.deepcopy(model), copy.deepcopy(model)
+    for version, change in ((expected, _scaled_weight), (wrapped, wrap)):
+        with torch.no_grad():
+            for module in (version.lm_head, *(block.mixer.positional.decay_proj for block in version.model.layers)):
+                change(module)
+    x = ids()
+    with torch.no_grad():
+        got, want, before = ((version(input_ids=x, labels=x).loss, version(input_ids=x).logits)
+                             for version in (wrapped, expected, model))
+    for wrapped_output, expected_output, unchanged_output in zip(got, want, before):
+        torch.testing.assert_close(wrapped_output, expected_output)
+        assert not torch.allclose(wrapped_output, unchanged_output)
