@@ -32,7 +32,10 @@ from rotarium.utils.plots import save_figure
 SEEDS = (0, 1, 2)
 CSV_FIELDS = ("task", "family", "position", "eval_length", "accuracy", "sequence_accuracy", "train_length",
               "train_loss", "train_seconds", "steps", "batch_size", "lr", "num_layers", "hidden_size", "num_heads",
-              "parameters", "seed", "model_options", "num_pairs", "vocab_size", "optim_options", "eval_seconds")
+              "parameters", "seed", "model_options", "num_pairs", "vocab_size", "optim_options", "eval_seconds",
+              "eval_batches")
+# A CSV without the eval_batches column holds runs evaluated on this many batches, the only number sweeps used then.
+EVAL_BATCHES_OF_OLDER_CSVS = 4
 # A cell "learns the task in distribution" when every seed reaches this token accuracy at the training length. The
 # word problems ask for every position right: a model that gets the first positions of a word and guesses the last
 # few scores above 90% without tracking the state; 99% is where the reference stops training.
@@ -57,7 +60,8 @@ def result_rows(result: RunResult) -> list[dict[str, Any]]:
              "train_seconds": round(result.train_seconds, 1), "steps": s.steps, "batch_size": s.batch_size,
              "lr": s.lr, "num_layers": s.num_layers, "hidden_size": s.hidden_size, "num_heads": s.num_heads,
              "parameters": result.parameters, "seed": s.seed, "model_options": json.dumps(s.model_options),
-             "eval_seconds": round(result.eval_seconds, 1), **_task_fields(s)} for e in result.evaluations]
+             "eval_seconds": round(result.eval_seconds, 1), "eval_batches": s.eval_batches, **_task_fields(s)}
+            for e in result.evaluations]
 
 
 def read_rows(path: str | os.PathLike) -> list[dict[str, Any]]:
@@ -67,6 +71,7 @@ def read_rows(path: str | os.PathLike) -> list[dict[str, Any]]:
                          optional_floats=("eval_seconds",))
     for row in rows:
         row["eval_seconds"] = row["eval_seconds"] or 0.0  # None when the CSV has no such column
+        row["eval_batches"] = int(row.get("eval_batches") or EVAL_BATCHES_OF_OLDER_CSVS)
     return rows
 
 
@@ -97,10 +102,10 @@ def _shared(s: RunSettings | dict[str, Any]) -> dict[str, str]:
     if isinstance(s, RunSettings):
         values = {"task": s.task, "steps": s.steps, "batch_size": s.batch_size, "num_layers": s.num_layers,
                   "hidden_size": s.hidden_size, "num_heads": s.num_heads, "train_length": s.train_length,
-                  "model_options": json.dumps(s.model_options), **_task_fields(s)}
+                  "model_options": json.dumps(s.model_options), "eval_batches": s.eval_batches, **_task_fields(s)}
         return {k: str(v) for k, v in values.items()}
     keys = ("task", "steps", "batch_size", "num_layers", "hidden_size", "num_heads", "train_length",
-            "model_options", "num_pairs", "vocab_size", "optim_options")
+            "model_options", "eval_batches", "num_pairs", "vocab_size", "optim_options")
     return {k: "" if s.get(k) is None else str(s[k]) for k in keys}
 
 

@@ -4,7 +4,7 @@ import pytest
 
 import rotarium.synthetic.sweep as sweep_module
 from rotarium.cli import main
-from rotarium.synthetic.runner import RunSettings
+from rotarium.synthetic.runner import RunResult, RunSettings
 from rotarium.synthetic.sweep import (
     CLAIMS,
     Claim,
@@ -203,3 +203,32 @@ def test_report_only_trains_nothing_and_marks_what_is_missing(tmp_path, monkeypa
     text = md_path.read_text()
     assert "**partial**, 1 of 2 runs" in text and "Running the command again trains only the missing runs" in text
     assert "| gla | " in text and " | - |" in text
+
+
+def test_a_changed_number_of_evaluation_batches_is_another_unit(tmp_path, monkeypatch):
+    """--eval-batches changes every accuracy of a run but was neither in the CSV nor in the resume key: a sweep
+    with more evaluation batches found the old rows "done" and tabled them under its own command."""
+    calls = []
+
+    def fake(settings, progress=True):
+        calls.append(settings.eval_batches)
+        return RunResult(settings, 0.1, 1.0, 10, [{"length": n, "accuracy": settings.eval_batches / 10,
+                                                   "sequence_accuracy": 0.0} for n in settings.eval_lengths])
+
+    monkeypatch.setattr(sweep_module, "train_and_evaluate", fake)
+    monkeypatch.setattr(sweep_module, "expected_seconds", lambda planned: 0.0)
+    kwargs = {"families": ("gla",), "positions": ("nope",), "seeds": (0,), "lrs": (3e-3,), "jobs": 1,
+              "progress": False, "log": lambda line: None}
+    sweep(RunSettings(task="s2", **TINY), tmp_path, **kwargs)
+    _, md_path, _ = sweep(RunSettings(task="s2", **{**TINY, "eval_batches": 2}), tmp_path, **kwargs)
+    assert calls == [1, 2]
+    assert "| gla | 20.0 [20.0-20.0] (0) |" in md_path.read_text()  # the table of 2 batches, not of 1
+    assert sorted(r["eval_batches"] for r in read_rows(tmp_path / "s2.csv")) == [1, 1, 2, 2]
+    # a CSV without the column holds runs evaluated on the 4 batches every sweep used before it was written
+    rows = read_rows(tmp_path / "s2.csv")
+    write_csv_atomic(tmp_path / "s2.csv", [r for r in rows if r["eval_batches"] == 1],
+                     [f for f in sweep_module.CSV_FIELDS if f != "eval_batches"])
+    sweep(RunSettings(task="s2", **{**TINY, "eval_batches": 4}), tmp_path, **kwargs)
+    assert calls == [1, 2]
+    sweep(RunSettings(task="s2", **TINY), tmp_path, **kwargs)
+    assert calls == [1, 2, 1]
