@@ -3,11 +3,12 @@ and skips finished combinations when run again."""
 import json
 
 import pytest
+import torch
 
 from rotarium.cli import main
 from rotarium.synthetic.runner import RunSettings, train_and_evaluate
 from rotarium.synthetic.sweep import read_rows
-from rotarium.synthetic.tasks import TASKS
+from rotarium.synthetic.tasks import IGNORE, TASKS
 
 TINY = ["--steps", "3", "--hidden-size", "16", "--heads", "2", "--batch-size", "4", "--eval-batches", "1"]
 SHORT = {"mqar": ["--train-length", "32", "--num-pairs", "4", "--vocab-size", "32", "--eval-lengths", "32"],
@@ -89,3 +90,44 @@ def test_a_length_the_task_cannot_generate_is_refused_before_any_training(args, 
     assert main([*args, *TINY]) == 2
     assert message in capsys.readouterr().err
     assert not list(tmp_path.iterdir())
+
+
+@pytest.mark.parametrize("task, lengths", [("mqar", [32, 64]), ("copying", [8, 16]), ("s2", [16, 32]),
+                                           ("a3", [16, 32])])
+def test_every_family_and_option_of_a_seed_is_scored_on_the_same_samples_none_trained_on(task, lengths, monkeypatch):
+    """Paired comparison: a (task, seed, length) evaluates every family x option x lr on the same samples, of that
+    length, drawn apart from the training batches; another seed draws other samples."""
+    from rotarium.synthetic import runner
+
+    seen = []
+    real = runner._batch
+
+    def recording(settings, length, generator, train):
+        x, y = real(settings, length, generator, train)
+        seen.append((settings.seed, train, length, x, y))
+        return x, y
+
+    monkeypatch.setattr(runner, "_batch", recording)
+    drawn = {}
+    for family, position, lr, seed in (("gla", "nope", 1e-3, 0), ("transformer", "selective_rope", 1e-2, 0),
+                                       ("deltanet", "rove", 3e-3, 1)):
+        seen.clear()
+        train_and_evaluate(RunSettings(task=task, family=family, position=position, lr=lr, seed=seed, steps=2,
+                                       hidden_size=16, num_heads=2, batch_size=4, eval_batches=2,
+                                       train_length=lengths[0], eval_lengths=lengths,
+                                       **({"num_pairs": 4, "vocab_size": 32} if task == "mqar" else {})),
+                           progress=False)
+        drawn[family] = seen[:]
+    a, b, other_seed = drawn["gla"], drawn["transformer"], drawn["deltanet"]
+    evals = [(length, x, y) for _, train, length, x, y in a if not train]
+    assert [length for length, _, _ in evals] == [lengths[0]] * 2 + [lengths[1]] * 2
+    assert all((y != IGNORE).any(1).all() for _, _, y in evals)
+    for (_, train, length, x, y), (_, train_b, length_b, x_b, y_b) in zip(a, b, strict=True):
+        assert (train, length) == (train_b, length_b) and torch.equal(x, x_b) and torch.equal(y, y_b)
+    for length in lengths:
+        if length == lengths[0]:  # the training batches are at the training length
+            trained = {tuple(row) for _, train, _, x, _ in a if train for row in x.tolist()}
+            assert not trained & {tuple(row) for n, x, _ in evals if n == length for row in x.tolist()}
+        mine = [x for n, x, _ in evals if n == length]
+        theirs = [x for _, train, n, x, _ in other_seed if not train and n == length]
+        assert not any(torch.equal(p, q) for p, q in zip(mine, theirs))
