@@ -131,3 +131,24 @@ def test_every_family_and_option_of_a_seed_is_scored_on_the_same_samples_none_tr
         mine = [x for n, x, _ in evals if n == length]
         theirs = [x for _, train, n, x, _ in other_seed if not train and n == length]
         assert not any(torch.equal(p, q) for p, q in zip(mine, theirs))
+
+
+def test_accuracy_pools_the_scored_tokens_of_every_sample_and_a_sequence_needs_every_one(monkeypatch):
+    """Hand-worked: 8 scored tokens over two batches with 3 and 1 scored per row, 6 right (75%, where a mean of
+    per-sample means or of per-batch means gives 66.7%); unscored positions count neither way; 2 of 4 rows whole."""
+    from types import SimpleNamespace
+
+    from rotarium.synthetic import runner
+
+    n = IGNORE
+    batches = [(torch.tensor([[2, 1, 1, 1], [2, 0, 0, 1]]), torch.tensor([[n, 1, 0, 1], [n, 0, 0, 1]])),
+               (torch.tensor([[2, 0, 1, 0], [2, 1, 1, 0]]), torch.tensor([[n, n, 1, n], [n, n, 0, n]]))]
+    predictions = [torch.tensor([[0, 1, 0, 1], [1, 0, 1, 1]]), torch.tensor([[1, 1, 0, 1], [0, 0, 0, 0]])]
+
+    class Fixed(torch.nn.Module):
+        def forward(self, input_ids, use_cache):
+            return SimpleNamespace(logits=torch.nn.functional.one_hot(predictions.pop(0), 3).float())
+
+    monkeypatch.setattr(runner, "_batch", lambda settings, length, generator, train: batches.pop(0))
+    settings = RunSettings(task="s2", eval_batches=2).resolved()
+    assert runner.evaluate(Fixed(), settings, 3) == {"length": 3, "accuracy": 0.75, "sequence_accuracy": 0.5}
