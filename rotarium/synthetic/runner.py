@@ -151,10 +151,15 @@ class RunResult:
 
 def build_model(settings: RunSettings) -> torch.nn.Module:
     s = settings
+    # the config's training context is in tokens (a RoPE scaling's original length): the longest training sequence,
+    # which copying's separator and copy and the word problems' <bos> make longer than the task's length; an
+    # evaluation batch at the training length holds it (copying trains on every length up to it)
+    tokens = make_batch(s.task, 1, s.train_length, torch.Generator(), train=False, num_pairs=s.num_pairs,
+                        vocab_size=s.vocab_size)[0].shape[1]
     config = CONFIGS[s.family](
         vocab_size=s.vocab_size if s.task == "mqar" else TASKS[s.task].vocab_size, hidden_size=s.hidden_size,
         num_hidden_layers=s.num_layers, num_heads=s.num_heads, position_encoding=s.position,
-        max_position_embeddings=s.train_length, pad_token_id=None, bos_token_id=None, eos_token_id=None,
+        max_position_embeddings=tokens, pad_token_id=None, bos_token_id=None, eos_token_id=None,
         use_cache=False, **s.model_options)
     return FAMILY_MODELS[s.family].lm(config)
 

@@ -152,3 +152,15 @@ def test_accuracy_pools_the_scored_tokens_of_every_sample_and_a_sequence_needs_e
     monkeypatch.setattr(runner, "_batch", lambda settings, length, generator, train: batches.pop(0))
     settings = RunSettings(task="s2", eval_batches=2).resolved()
     assert runner.evaluate(Fixed(), settings, 3) == {"length": 3, "accuracy": 0.75, "sequence_accuracy": 0.5}
+
+
+@pytest.mark.parametrize("task, length, tokens", [("copying", 8, 18), ("s2", 16, 17), ("a3", 16, 17), ("mqar", 32, 32)])
+def test_the_model_is_told_its_training_context_in_tokens(task, length, tokens):
+    """max_position_embeddings is the original length of a RoPE scaling (--option rope_parameters=...; "dynamic"
+    rescales beyond it): it was the task's length (letters, words), shorter than the sequences trained on."""
+    from rotarium.synthetic.runner import build_model
+
+    settings = RunSettings(task=task, family="transformer", position="rope", hidden_size=16, num_heads=2,
+                           train_length=length, eval_lengths=[length], num_pairs=4 if task == "mqar" else None,
+                           model_options={"rope_parameters": {"rope_type": "dynamic", "factor": 2.0}}).resolved()
+    assert build_model(settings).config.max_position_embeddings == tokens
