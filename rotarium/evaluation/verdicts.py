@@ -108,9 +108,15 @@ def _more_than(x: float, bound: float) -> bool:
     return not _at_least(bound, x)
 
 
+def _finite_cells(cells: Mapping[int, float]) -> dict[int, float]:
+    """``cells`` (seed -> number) without those that are not finite numbers (a diverged run's NaN): they are not
+    measured."""
+    return {s: v for s, v in cells.items() if math.isfinite(v)}
+
+
 def _finite(table: Table) -> dict[str, dict[int, float]]:
-    """``table`` without its cells that are not finite numbers (a diverged run's NaN): they are not measured."""
-    return {column: {s: v for s, v in cells.items() if math.isfinite(v)} for column, cells in table.items()}
+    """``table`` with :func:`_finite_cells` of every column."""
+    return {column: _finite_cells(cells) for column, cells in table.items()}
 
 
 @dataclass(frozen=True)
@@ -223,7 +229,7 @@ def decide(option: str, against: Sequence[str], at: Table, scale: Scale, *, trai
             return Verdict(NOT_TESTABLE, 0, n, why)
     if precondition is not None:
         # a seed whose precondition is not measured (a diverged run's NaN) is not one where the regime is absent
-        values, reference = _finite({"v": precondition.values})["v"], _finite({"r": precondition.reference})["r"]
+        values, reference = _finite_cells(precondition.values), _finite_cells(precondition.reference)
         known = [s for s in seeds if s in values and s in reference]
         if len(known) < MIN_SEEDS:
             return Verdict(NOT_MEASURED, 0, len(known), f"{len(known)} of the {MIN_SEEDS} seeds a verdict needs have "
